@@ -1,0 +1,38 @@
+# bulkinfer: `make demo` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   := demo
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: its CPU build comes from a local wheel; an unpinned pull would fetch CUDA.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/make_catalog.py $(DEMO)/catalog.parquet 20000
+	$(VENV)/bin/bulkinfer run examples/catalog.toml
+	$(VENV)/bin/bulkinfer inspect $(DEMO)/embeddings
+	@echo "results: $(DEMO)/embeddings/part-*.parquet (manifest: $(DEMO)/embeddings/_SUCCESS, report: $(DEMO)/embeddings/_bulkinfer/report.json)"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/bench_run.py 5000
+
+clean:
+	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

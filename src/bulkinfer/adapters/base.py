@@ -1,0 +1,107 @@
+"""The adapter protocol: what bulkinfer needs from a model family.
+
+Subclass :class:`Adapter` and override :meth:`Adapter.predict` (and whichever other
+hook you need); bulkinfer calls the hooks in this order, for every shard::
+
+    setup(ctx)                      once per worker, before any row
+    preprocess(table) -> features   CPU work (tokenizing), runs in a thread beside inference
+    cost(features) -> lengths|None  per-row cost for the token budget and length sorting
+    select(features, idx)           the rows of one batch
+    predict(batch) -> outputs       the model call
+    postprocess(outputs) -> columns a mapping of output column name -> values, one per row
+
+The same object serves online requests, so offline and online results cannot drift.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ModelError
+
+__all__ = ["Adapter", "SetupContext", "available_cpus", "to_arrow_column"]
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (respects taskset, cgroups' cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SetupContext:
+    """What an adapter may use while setting up."""
+
+    threads: int = field(default_factory=available_cpus)
+    device: str = "cpu"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Adapter:
+    """Base class of every model adapter. Override :meth:`predict`; the rest has defaults."""
+
+    #: Input columns the adapter reads; set by the constructor or the subclass.
+    input_columns: Sequence[str] = ()
+
+    def setup(self, ctx: SetupContext) -> None:
+        """Load the model. Called once per worker before any batch."""
+
+    def preprocess(self, table: pa.Table) -> Any:
+        """Turn input rows into features (runs in a background thread). Default: the table."""
+        return table
+
+    def cost(self, features: Any) -> Sequence[int] | None:
+        """Per-row cost (e.g. token count) for budgets and length sorting; None: rows only."""
+        return None
+
+    def select(self, features: Any, indices: np.ndarray) -> Any:
+        """The rows ``indices`` of ``features``: Arrow tables, numpy arrays, dicts and lists work."""
+        if isinstance(features, pa.Table | pa.RecordBatch):
+            return features.take(pa.array(indices, type=pa.int64()))
+        if isinstance(features, np.ndarray):
+            return features[indices]
+        if isinstance(features, Mapping):
+            return {k: self.select(v, indices) for k, v in features.items()}
+        if isinstance(features, list):
+            return [features[i] for i in indices]
+        raise ModelError(
+            f"{type(self).__name__}: cannot select rows of {type(features).__name__}; override Adapter.select"
+        )
+
+    def predict(self, batch: Any) -> Any:
+        """Run the model on one batch."""
+        raise NotImplementedError
+
+    def postprocess(self, outputs: Any) -> Mapping[str, Any]:
+        """Output columns, one value per row. Default: ``outputs`` must already be a mapping."""
+        if isinstance(outputs, Mapping):
+            return outputs
+        return {"prediction": outputs}
+
+    def close(self) -> None:
+        """Release resources (called once at the end)."""
+
+
+def to_arrow_column(values: Any, name: str = "column") -> pa.Array:
+    """Convert adapter output (Arrow, numpy 1-D/2-D, list) to an Arrow array."""
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    if isinstance(values, np.ndarray) and values.ndim == 2:
+        flat = pa.array(np.ascontiguousarray(values).ravel())
+        return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+    if isinstance(values, np.ndarray) and values.ndim > 2:
+        raise ModelError(f"output {name!r}: arrays of more than 2 dimensions are not supported")
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ModelError(f"output {name!r}: cannot convert to an Arrow column ({exc})") from exc

@@ -1,0 +1,176 @@
+"""Text embeddings from a sentence-transformers model directory.
+
+Reads the directory the way sentence-transformers does (``modules.json``, the
+transformer at the module's path, ``1_Pooling/config.json``, a ``Normalize`` module,
+``sentence_bert_config.json`` for ``max_seq_length``) and runs the transformer on the
+configured engine. Output: ``embedding``, a fixed-size list of float32.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ModelError
+from .base import Adapter, SetupContext
+
+__all__ = ["TextEmbeddingAdapter", "is_sentence_transformers_dir"]
+
+_POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")
+
+
+def is_sentence_transformers_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "modules.json").is_file()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    transformer_dir: Path
+    pooling: str
+    normalize: bool
+    max_seq_length: int | None
+    do_lower_case: bool
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: cannot read ({exc})") from exc
+    return data if isinstance(data, dict) else {"modules": data}
+
+
+def _read_layout(root: Path) -> _Layout:
+    modules = _read_json(root / "modules.json")["modules"]
+    transformer_dir, pooling, normalize = root, "mean_tokens", False
+    for mod in modules:
+        kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
+        where = root / mod.get("path", "")
+        if kind == "Transformer":
+            transformer_dir = where
+        elif kind == "Pooling":
+            cfg = _read_json(where / "config.json")
+            chosen = [m for m in _POOLING_MODES if cfg.get(f"pooling_mode_{m}")]
+            if len(chosen) != 1:
+                raise ModelError(
+                    f"{where}: pooling {chosen or 'none'} is not supported; use one of {', '.join(_POOLING_MODES)}"
+                )
+            pooling = chosen[0]
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise ModelError(f"{root}: module type {kind!r} is not supported by the text adapter")
+    st_cfg_path = transformer_dir / "sentence_bert_config.json"
+    st_cfg = _read_json(st_cfg_path) if st_cfg_path.is_file() else {}
+    return _Layout(
+        transformer_dir, pooling, normalize, st_cfg.get("max_seq_length"), bool(st_cfg.get("do_lower_case", False))
+    )
+
+
+def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+    """Sentence vectors from token vectors, the way sentence-transformers' Pooling does."""
+    m = mask[..., None].astype(hidden.dtype)
+    if mode == "cls_token":
+        return hidden[:, 0]
+    if mode == "max_tokens":
+        return np.where(m > 0, hidden, np.finfo(hidden.dtype).min).max(axis=1)
+    if mode == "lasttoken":
+        last = mask.sum(axis=1) - 1
+        return hidden[np.arange(len(hidden)), last]
+    summed = (hidden * m).sum(axis=1)
+    counts = np.clip(m.sum(axis=1), 1e-9, None)
+    if mode == "mean_sqrt_len_tokens":
+        return summed / np.sqrt(counts)
+    return summed / counts
+
+
+class TextEmbeddingAdapter(Adapter):
+    """Embeds ``text_column`` with a sentence-transformers model directory."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        text_column: str,
+        *,
+        engine: str = "torch",
+        precision: str = "fp32",
+        max_seq_length: int | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        if not is_sentence_transformers_dir(self.model_dir):
+            raise ModelError(f"{model_dir}: not a sentence-transformers directory (no modules.json)")
+        self.text_column = text_column
+        self.input_columns = (text_column,)
+        self.engine_name = engine
+        self.precision = precision
+        self.layout = _read_layout(self.model_dir)
+        self.max_seq_length = max_seq_length or self.layout.max_seq_length
+        self._tokenizer: Any = None
+        self._engine: Any = None
+        self.dimension: int | None = None
+
+    def setup(self, ctx: SetupContext) -> None:
+        from transformers import AutoTokenizer
+
+        from ..engines import load_engine
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(self.layout.transformer_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{self.layout.transformer_dir}: cannot load the tokenizer ({exc})") from exc
+        if self.max_seq_length is None:
+            self.max_seq_length = min(int(tok.model_max_length), 512)
+        self._tokenizer = tok
+        self._engine = load_engine(
+            self.engine_name,
+            str(self.layout.transformer_dir),
+            device=ctx.device,
+            threads=ctx.threads,
+            precision=self.precision,
+        )
+
+    def preprocess(self, table: pa.Table) -> list[list[int]]:
+        texts = table.column(self.text_column).to_pylist()
+        clean = ["" if t is None else str(t).strip() for t in texts]
+        if self.layout.do_lower_case:
+            clean = [t.lower() for t in clean]
+        enc = self._tokenizer(
+            clean,
+            truncation=True,
+            max_length=self.max_seq_length,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        ids: list[list[int]] = enc["input_ids"]
+        return ids
+
+    def cost(self, features: Any) -> Sequence[int]:
+        return [len(x) for x in features]
+
+    def select(self, features: Any, indices: np.ndarray) -> dict[str, np.ndarray]:
+        rows = [features[i] for i in indices]
+        width = max(len(r) for r in rows)
+        ids = np.full((len(rows), width), self._tokenizer.pad_token_id or 0, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for r, seq in enumerate(rows):
+            ids[r, : len(seq)] = seq
+            mask[r, : len(seq)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def predict(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        hidden = self._engine.forward(batch["input_ids"], batch["attention_mask"])
+        vectors = pool(hidden, batch["attention_mask"], self.layout.pooling).astype(np.float32)
+        if self.layout.normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.clip(norms, 1e-12, None)
+        return vectors
+
+    def postprocess(self, outputs: Any) -> Mapping[str, Any]:
+        return {"embedding": outputs}

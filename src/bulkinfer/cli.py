@@ -1,0 +1,171 @@
+"""The ``bulkinfer`` command: parse, build the config, call the library, map errors to exit codes.
+
+Exit codes: 0 done; 1 failed; 2 usage error; 75 interrupted but resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .config import field_docs, load_config
+from .errors import BulkinferError, Interrupted
+
+__all__ = ["app", "main"]
+
+
+def _fields_epilog() -> str:
+    lines = ["Config fields (TOML sections, or --set section.field=value):", ""]
+    for name, default, doc in field_docs():
+        lines.append(f"  {name} = {default}  —  {doc}")
+    return "\n\n".join(lines)
+
+
+app = typer.Typer(
+    name="bulkinfer",
+    help="Offline batch inference: big batches, exactly-once output, resume after any crash.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+_CSV = {"help": "Comma-separated list."}
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="bulkinfer: %(message)s", stream=sys.stderr
+    )
+
+
+def _fail(exc: BulkinferError) -> typer.Exit:
+    typer.echo(f"bulkinfer: error: {exc}", err=True)
+    return typer.Exit(exc.exit_code)
+
+
+@app.command(epilog=_fields_epilog())
+def run(
+    config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
+    input: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="Input file, directory, glob or URI; repeatable.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="minilm, a model directory, a .joblib file, or module:attr.")
+    ] = None,
+    text_column: Annotated[str | None, typer.Option(help="Column holding the text (text models).")] = None,
+    feature_columns: Annotated[
+        list[str] | None, typer.Option(help="Feature columns (tabular models); comma-separated.")
+    ] = None,
+    id_column: Annotated[str | None, typer.Option(help="Row id column, copied to the output.")] = None,
+    keep_columns: Annotated[
+        list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")
+    ] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")] = None,
+    output_format: Annotated[str | None, typer.Option("--format", help="parquet, jsonl or csv.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Maximum rows per model call.")] = None,
+    shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
+    limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard a different job's output.")] = False,
+    progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+) -> None:
+    """Run (or resume) a job: every input row is written exactly once to the output."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _setup_logging(quiet)
+    overrides: dict[str, Any] = {
+        "source.paths": input or None,
+        "model.name": model,
+        "model.text_column": text_column,
+        "model.feature_columns": _split(feature_columns),
+        "source.id_column": id_column,
+        "sink.keep_columns": _split(keep_columns),
+        "sink.path": output,
+        "sink.format": output_format,
+        "runtime.batch_size": batch_size,
+        "source.shard_rows": shard_rows,
+        "execution.limit_rows": limit_rows,
+        "execution.overwrite": overwrite or None,
+        "execution.progress": progress,
+    }
+    from .job import run_job
+
+    try:
+        cfg = load_config(config, overrides, set_)
+        result = run_job(cfg)
+    except Interrupted as exc:
+        raise _fail(exc) from None
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("bulkinfer: interrupted; rerun the same command to resume", err=True)
+        raise typer.Exit(Interrupted.exit_code) from None
+    r = result.report
+    typer.echo(
+        f"done: {r['rows_out']} rows written this run ({r['rows_already_done']} already committed) in "
+        f"{r['wall_s']:.1f} s, {r['rows_per_s']:.1f} rows/s -> {result.output}"
+    )
+    share = r["time_share"]
+    typer.echo(
+        "time: "
+        + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
+        + f"; report: {result.output / '_bulkinfer' / 'report.json'}"
+    )
+    if r["cost"]["per_million_rows"] is not None and r["cost"]["instance_price_per_hour"]:
+        typer.echo(f"cost: {r['cost']['per_million_rows']:.4f} {r['cost']['currency']} per million rows")
+
+
+@app.command()
+def inspect(
+    output: Annotated[Path, typer.Argument(help="An output directory of bulkinfer run.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show what is committed, what remains, errors and the job fingerprint."""
+    from .status import inspect_output
+
+    try:
+        info = inspect_output(output)
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(info, indent=1))
+        return
+    state = "complete" if info["complete"] else ("running" if info["running"] else "incomplete")
+    typer.echo(f"{info['output']}: {state}")
+    typer.echo(f"  job fingerprint  {info['job_fingerprint']}")
+    typer.echo(f"  model            {info['model']['kind']} {info['model']['location']}")
+    typer.echo(
+        f"  shards           {info['shards_committed']}/{info['shards_planned']} committed, "
+        f"{info['shards_remaining']} remaining"
+    )
+    typer.echo(
+        f"  rows             {info['rows_committed']}/{info['rows_planned']} committed, "
+        f"{info['rows_remaining']} remaining"
+    )
+    typer.echo(f"  errors           {info['error_records']} error record(s)")
+    if info["lock_holder"]:
+        typer.echo(f"  running          {info['lock_holder']}")
+    if info["last_run"]:
+        lr = info["last_run"]
+        typer.echo(f"  last run         {lr['status']}, {lr['rows_out']} rows, {lr['rows_per_s']} rows/s")
+
+
+def main() -> None:
+    """Console entry point."""
+    app()

@@ -1,0 +1,210 @@
+"""Job configuration: one frozen pydantic model per concern under :class:`JobConfig`.
+
+A job is read from TOML (``bulkinfer run job.toml``); CLI flags and ``--set key=value``
+override it. Unknown fields are refused. Each field's docstring is its documentation
+and is what ``bulkinfer run --help`` shows.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+__all__ = [
+    "CostConfig",
+    "ExecutionConfig",
+    "JobConfig",
+    "ModelConfig",
+    "RuntimeConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "field_docs",
+    "load_config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class SourceConfig(_Section):
+    paths: list[str] = Field(default_factory=list)
+    """Input files: paths, directories, globs or fsspec URIs (file://, memory://, s3://...)."""
+    format: Literal["auto", "parquet", "csv", "jsonl"] = "auto"
+    """Input format; 'auto' picks it from each file's extension."""
+    id_column: str | None = None
+    """Column that identifies a row; copied to the output and to error records. Optional."""
+    shard_rows: int = Field(default=10_000, ge=1)
+    """Target rows per shard, the unit of commit and resume (Parquet shards follow row groups)."""
+    read_batch_rows: int = Field(default=4096, ge=1)
+    """Rows per Arrow record batch read from the input."""
+
+
+class ModelConfig(_Section):
+    name: str = ""
+    """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
+    a joblib/pickle file of an estimator, or 'module:attr' naming your own adapter."""
+    kind: Literal["auto", "text-embedding", "tabular", "custom"] = "auto"
+    """Adapter family; 'auto' infers it from the model name."""
+    text_column: str | None = None
+    """Column holding the text to embed (text models)."""
+    feature_columns: list[str] = Field(default_factory=list)
+    """Feature columns in model order (tabular models); default: the model's feature_names_in_."""
+    max_seq_length: int | None = Field(default=None, ge=1)
+    """Truncate texts to this many tokens; default: the model's own max_seq_length."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Free-form options passed to a custom adapter's constructor."""
+
+
+class RuntimeConfig(_Section):
+    engine: Literal["torch"] = "torch"
+    """Inference engine for neural models."""
+    precision: Literal["fp32"] = "fp32"
+    """Numeric precision of the engine."""
+    device: str = "cpu"
+    """Torch device: 'cpu', 'cuda', 'cuda:1'."""
+    batch_size: int = Field(default=16, ge=1)
+    """Maximum rows per model call."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Token budget per model call (rows x padded length) for text models; None: rows only."""
+    sort_window: int = Field(default=2048, ge=1)
+    """Rows sorted by length together to cut padding; order is restored before writing."""
+    threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads; default: the CPUs this process may use (os.sched_getaffinity)."""
+    prefetch_batches: int = Field(default=8, ge=1)
+    """Bounded queue depth between reading/tokenizing and inference."""
+
+
+class SinkConfig(_Section):
+    path: str = ""
+    """Output directory (local path)."""
+    format: Literal["parquet", "jsonl", "csv"] = "parquet"
+    """Output file format."""
+    keep_columns: list[str] = Field(default_factory=list)
+    """Input columns copied to the output next to the results (the id column always is)."""
+    preserve_order: bool = True
+    """Keep input row order within each shard's output file."""
+    compression: str = "zstd"
+    """Parquet compression codec."""
+
+
+class ExecutionConfig(_Section):
+    backend: Literal["local"] = "local"
+    """Where shards run."""
+    overwrite: bool = False
+    """Discard an output directory that holds a different job instead of refusing."""
+    progress: Literal["auto", "bar", "log", "none"] = "auto"
+    """Progress display: a bar on a terminal, periodic log lines otherwise."""
+    log_interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between progress log lines when not on a terminal."""
+    limit_rows: int | None = Field(default=None, ge=1)
+    """Process only the first N planned rows (a smoke test of a big job)."""
+
+
+class CostConfig(_Section):
+    instance_price_per_hour: float = Field(default=0.0, ge=0)
+    """Price of the machine per hour, for cost per million rows in the report."""
+    currency: str = "USD"
+    """Currency of the price."""
+
+
+class JobConfig(_Section):
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    """Where the rows come from."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """What model runs over them."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """How the model runs."""
+    sink: SinkConfig = Field(default_factory=SinkConfig)
+    """Where results go."""
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    """How the job is driven."""
+    cost: CostConfig = Field(default_factory=CostConfig)
+    """Cost accounting."""
+
+    def require_runnable(self) -> None:
+        """Refuse a config that cannot run, naming the missing field."""
+        if not self.source.paths:
+            raise ConfigError("source.paths: no input given; pass --input or set source.paths")
+        if not self.model.name:
+            raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+        if not self.sink.path:
+            raise ConfigError("sink.path: no output directory given; pass --output or set sink.path")
+
+
+def _format_validation_error(exc: ValidationError, origin: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (see `bulkinfer run --help` for the fields)"
+    elif "input" in err and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{origin}: {loc}: {msg}{more}"
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as a TOML value, falling back to a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> JobConfig:
+    """Build a :class:`JobConfig` from a TOML file, then dotted-key overrides, then ``k=v`` strings."""
+    data: dict[str, Any] = {}
+    origin = "config"
+    if path is not None:
+        origin = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: config file not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    for item in sets or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set runtime.batch_size=64")
+        _set_dotted(data, key.strip(), parse_value(raw.strip()))
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from exc
+
+
+def field_docs() -> Iterator[tuple[str, str, str]]:
+    """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
+    for section, info in JobConfig.model_fields.items():
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        for name, field in model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            doc = " ".join((field.description or "").split())
+            yield f"{section}.{name}", repr(default), doc

@@ -1,0 +1,72 @@
+"""The one exception hierarchy of bulkinfer.
+
+Every error a user can cause or meet is one of these, with a one-line message that
+names the file, the row or the field and says what to do. The CLI prints the message
+(never a traceback) and exits with the error's ``exit_code``::
+
+    BulkinferError                 exit 1
+    ├── ConfigError                a field is unknown, of the wrong type, or contradicts another
+    ├── SourceError                an input cannot be listed, read or parsed
+    ├── ModelError                 the model cannot be found, loaded or run
+    ├── OutputError                the output directory cannot be written, or belongs to another job
+    │   ├── LockedError            another live run holds the output directory
+    │   └── JobMismatchError       the output holds a different job (config, model or input changed)
+    ├── LedgerError                the ledger is corrupt; bulkinfer refuses rather than guess
+    └── Interrupted                exit 75: stopped by a signal, safe to rerun the same command
+
+Errors from libraries are translated at the boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BulkinferError",
+    "ConfigError",
+    "Interrupted",
+    "JobMismatchError",
+    "LedgerError",
+    "LockedError",
+    "ModelError",
+    "OutputError",
+    "SourceError",
+]
+
+
+class BulkinferError(Exception):
+    """Base of every bulkinfer error; ``str(err)`` is the one line shown to the user."""
+
+    exit_code = 1
+
+
+class ConfigError(BulkinferError):
+    """The job configuration is invalid."""
+
+
+class SourceError(BulkinferError):
+    """An input file cannot be listed, opened or parsed."""
+
+
+class ModelError(BulkinferError):
+    """The model cannot be resolved, loaded or run."""
+
+
+class OutputError(BulkinferError):
+    """The output location cannot be used."""
+
+
+class LockedError(OutputError):
+    """Another live process holds the output directory's lock."""
+
+
+class JobMismatchError(OutputError):
+    """The output directory holds a different job."""
+
+
+class LedgerError(BulkinferError):
+    """The ledger is unreadable or fails its checksums."""
+
+
+class Interrupted(BulkinferError):
+    """The run was stopped by a signal; rerunning the same command resumes it."""
+
+    exit_code = 75

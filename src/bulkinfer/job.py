@@ -1,0 +1,264 @@
+"""One job, start to finish: plan, skip what is committed, run the rest, commit, report.
+
+This is the library entry point behind ``bulkinfer run``::
+
+    from bulkinfer import load_config, run_job
+    result = run_job(load_config("job.toml"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from .config import JobConfig
+from .errors import ConfigError, Interrupted, OutputError
+from .ledger import Ledger
+from .report import Progress, RunStats, write_prometheus
+from .runners import LocalRunner, ShardOutput
+from .sinks import part_name, write_part
+from .sources import Shard, list_inputs, plan_shards
+
+__all__ = ["RunResult", "job_identity", "run_job"]
+
+log = logging.getLogger("bulkinfer")
+
+# Fields that change what is written. The others (batch size, threads, progress...) may
+# change between a crash and its resume.
+_IDENTITY_FIELDS = {
+    "source": ("format", "id_column", "shard_rows"),
+    "model": ("kind", "text_column", "feature_columns", "max_seq_length", "options"),
+    "runtime": ("engine", "precision"),
+    "sink": ("format", "keep_columns", "preserve_order", "compression"),
+    "execution": ("limit_rows",),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``run_job`` returns: where the output is and the report's figures."""
+
+    output: Path
+    status: str
+    report: dict[str, Any]
+
+
+def job_identity(cfg: JobConfig) -> dict[str, Any]:
+    dumped = cfg.model_dump(mode="json")
+    return {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
+
+
+def _fingerprint(identity: dict[str, Any], model_digest: str, inputs: list[dict[str, Any]]) -> str:
+    body = json.dumps({"identity": identity, "model": model_digest, "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
+    if limit is None:
+        return shards
+    out, left = [], limit
+    for s in shards:
+        if left <= 0:
+            break
+        out.append(
+            Shard(s.index, s.uri, s.format, s.start, min(s.stop, s.start + left), s.offset, s.end)
+            if s.num_rows > left
+            else s
+        )
+        left -= s.num_rows
+    return out
+
+
+@contextmanager
+def _signals(stop: threading.Event) -> Iterator[None]:
+    """First SIGTERM/SIGINT: stop taking work, exit 75. Second: leave at once (still exit 75)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            import os
+
+            os._exit(Interrupted.exit_code)
+        log.warning(
+            "signal %s: finishing committed work, then exiting (75); send again to exit now",
+            signal.Signals(signum).name,
+        )
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult:
+    """Run (or resume) the job ``cfg`` describes; return when every shard is committed.
+
+    Raises a :class:`~bulkinfer.errors.BulkinferError` on failure, ``Interrupted`` when
+    stopped by a signal or by ``stop``: rerunning the same job resumes it.
+    """
+    cfg.require_runnable()
+    stop = stop or threading.Event()
+    started = time.time()
+    model = resolve_model(cfg)
+    adapter = build_adapter(cfg, model)
+    passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
+    if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
+        log.info("output order is not the input order and no id column is kept")
+    inputs = list_inputs(cfg.source.paths, cfg.source.format)
+    identity = job_identity(cfg)
+    input_records = [asdict(f) for f in inputs]
+    fingerprint = _fingerprint(identity, model.digest, input_records)
+
+    out_dir = Path(cfg.sink.path.removeprefix("file://")).expanduser()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out_dir}: cannot create the output directory ({exc.strerror or exc})") from exc
+    ledger = Ledger(out_dir)
+    ledger.acquire()
+    try:
+        if ledger.took_over_from:
+            log.info("took over the lock left by a run that died (%s)", ledger.took_over_from)
+        existing = ledger.read_job()
+        if existing is not None and existing.get("fingerprint") == fingerprint:
+            shards = [Shard.from_json(s) for s in existing["shards"]]
+        else:
+            shards = _limit(plan_shards(inputs, cfg.source.shard_rows), cfg.execution.limit_rows)
+        job = {
+            "fingerprint": fingerprint,
+            "bulkinfer_version": __version__,
+            "created": started,
+            "identity": identity,
+            "model": {"kind": model.kind, "location": model.location},
+            "model_digest": model.digest,
+            "inputs": input_records,
+            "config": cfg.model_dump(mode="json"),
+            "shards": [s.to_json() for s in shards],
+        }
+        job = ledger.begin(job, cfg.execution.overwrite)
+        committed = ledger.commits()
+        removed = ledger.remove_uncommitted(committed)
+        if removed:
+            log.info("removed %d uncommitted file(s) left by an earlier run", len(removed))
+        done_ids = {c.shard for c in committed}
+        todo = [s for s in shards if s.index not in done_ids]
+        stats = RunStats(
+            rows_planned=sum(s.num_rows for s in shards),
+            shards_planned=len(shards),
+            rows_already_done=sum(s.num_rows for s in shards if s.index in done_ids),
+            shards_already_done=len(done_ids),
+        )
+        status = "complete"
+        try:
+            if todo:
+                _execute(cfg, adapter, todo, ledger, stats, stop)
+        except Interrupted:
+            status = "interrupted"
+            raise
+        except BaseException:
+            status = "failed"
+            raise
+        finally:
+            stats.finished = time.perf_counter()
+            report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind)
+        if status == "complete":
+            _write_success(ledger, fingerprint, stats)
+        return RunResult(out_dir, status, report)
+    finally:
+        ledger.release()
+
+
+def _execute(
+    cfg: JobConfig, adapter: Any, todo: list[Shard], ledger: Ledger, stats: RunStats, stop: threading.Event
+) -> None:
+    threads = cfg.runtime.threads or available_cpus()
+    adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
+    stats.mark_running()
+    missing = [c for c in adapter.input_columns if not c]
+    if missing:
+        raise ConfigError("model: the adapter names an empty input column")
+    runner = LocalRunner(cfg, adapter, stats, stop)
+    with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress:
+
+        def commit(out: ShardOutput) -> None:
+            shard = out.shard
+            part = write_part(
+                ledger.out_dir,
+                part_name(shard.index, cfg.sink.format),
+                out.table,
+                cfg.sink.format,
+                cfg.sink.compression,
+            )
+            ledger.commit(shard.index, shard.start, shard.stop, part)
+            stats.add_rows(rows_in=shard.num_rows, rows_out=part.rows, shards=1)
+            progress.update()
+
+        with _signals(stop):
+            try:
+                runner.run(todo, commit)
+            finally:
+                adapter.close()
+    if stop.is_set():
+        raise Interrupted(f"{ledger.out_dir}: interrupted; rerun the same command to resume")
+
+
+def _write_report(
+    cfg: JobConfig, ledger: Ledger, stats: RunStats, status: str, fingerprint: str, kind: str
+) -> dict[str, Any]:
+    report = {
+        "status": status,
+        "job_fingerprint": fingerprint,
+        "model_kind": kind,
+        "engine": cfg.runtime.engine,
+        "precision": cfg.runtime.precision,
+        "batch_size": cfg.runtime.batch_size,
+        "max_tokens": cfg.runtime.max_tokens,
+        "threads": cfg.runtime.threads or available_cpus(),
+        **stats.to_json(price_per_hour=cfg.cost.instance_price_per_hour, currency=cfg.cost.currency),
+    }
+    try:
+        ledger.write_private("report.json", report)
+        write_prometheus(ledger.private / "metrics.prom", report, {"job": fingerprint[:12]})
+    except OSError as exc:  # the report must never hide the run's own outcome
+        log.warning("could not write the report: %s", exc)
+    return report
+
+
+def _write_success(ledger: Ledger, fingerprint: str, stats: RunStats) -> None:
+    commits = sorted(ledger.commits(), key=lambda c: (c.shard, c.start))
+    ledger.write_success(
+        {
+            "job_fingerprint": fingerprint,
+            "completed": time.time(),
+            "rows": sum(c.rows for c in commits),
+            "rows_failed": stats.rows_failed,
+            "files": [
+                {
+                    "name": c.file,
+                    "rows": c.rows,
+                    "bytes": c.bytes,
+                    "sha256": c.sha256,
+                    "shard": c.shard,
+                    "start": c.start,
+                    "stop": c.stop,
+                }
+                for c in commits
+            ],
+        }
+    )

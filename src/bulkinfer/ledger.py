@@ -1,0 +1,241 @@
+"""The output directory's state: the only code that decides what is done.
+
+Layout (``_bulkinfer/`` is private)::
+
+    out/part-00000.parquet ...      committed parts (after rename)
+    out/_SUCCESS                    manifest, written last
+    out/_bulkinfer/job.json         job fingerprint, config, inputs and the shard plan
+    out/_bulkinfer/commits.log      append-only, one checksummed line per committed part
+    out/_bulkinfer/lock             flock()ed by the live run; names its pid and host
+
+A part is committed when its line is in ``commits.log``. A crash between the rename and
+the append leaves a complete but uncommitted part: the next run removes it and redoes
+the shard, so every row ends up in the output exactly once. State grows with the number
+of shards, never with rows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import JobMismatchError, LedgerError, LockedError, OutputError
+from .sinks import Part, fsync_dir
+
+__all__ = ["Commit", "Ledger"]
+
+PRIVATE = "_bulkinfer"
+SUCCESS = "_SUCCESS"
+ERRORS = "_errors"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One committed part: rows ``[start, stop)`` of shard ``shard`` live in ``file``."""
+
+    shard: int
+    start: int
+    stop: int
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def _encode_line(record: Mapping[str, Any]) -> str:
+    body = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32(body.encode()):08x} {body}\n"
+
+
+def _decode_line(line: str, where: str) -> dict[str, Any]:
+    crc, _, body = line.rstrip("\n").partition(" ")
+    if not body or f"{zlib.crc32(body.encode()):08x}" != crc:
+        raise LedgerError(f"{where}: checksum mismatch; the ledger is corrupt, refusing to guess what is done")
+    data: dict[str, Any] = json.loads(body)
+    return data
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _is_ours(name: str) -> bool:
+    return name.startswith(("part-", ".part-", "._SUCCESS")) or name in (SUCCESS, PRIVATE, ERRORS)
+
+
+class Ledger:
+    """Lock, job identity and commit log of one output directory."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.private = out_dir / PRIVATE
+        self.job_path = self.private / "job.json"
+        self.log_path = self.private / "commits.log"
+        self._lock_fh: Any = None
+        self.took_over_from: str | None = None
+
+    # -- lock ---------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the directory's lock; a lock left by a dead process is free (flock dies with it)."""
+        self.private.mkdir(parents=True, exist_ok=True)
+        fh = open(self.private / "lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise LockedError(
+                f"{self.out_dir}: another run is writing here ({holder}); wait for it, or use another --output"
+            ) from exc
+        fh.seek(0)
+        previous = fh.read().strip()
+        if previous:
+            self.took_over_from = previous
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+        fh.flush()
+        self._lock_fh = fh
+
+    def live_holder(self) -> str | None:
+        """Who holds the lock now, or None when no live process does."""
+        path = self.private / "lock"
+        if not path.is_file():
+            return None
+        with open(path, encoding="utf-8") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return fh.read().strip() or "unknown"
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return None
+
+    def release(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.seek(0)
+            self._lock_fh.truncate()
+            fcntl.flock(self._lock_fh.fileno(), fcntl.LOCK_UN)
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    # -- job identity -------------------------------------------------------
+    def read_job(self) -> dict[str, Any] | None:
+        if not self.job_path.is_file():
+            return None
+        try:
+            data: dict[str, Any] = json.loads(self.job_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LedgerError(f"{self.job_path}: unreadable ({exc}); rerun with --overwrite") from exc
+        return data
+
+    def begin(self, job: dict[str, Any], overwrite: bool) -> dict[str, Any]:
+        """Start or resume ``job`` here; return the job record in force (with the stored plan)."""
+        existing = self.read_job()
+        if existing is not None and existing.get("fingerprint") != job["fingerprint"]:
+            if not overwrite:
+                raise JobMismatchError(
+                    f"{self.out_dir}: holds a different job ({_describe_change(existing, job)}); "
+                    "rerun with --overwrite to discard it, or choose another --output"
+                )
+            self.wipe()
+            existing = None
+        if existing is None:
+            foreign = [p.name for p in self.out_dir.iterdir() if not _is_ours(p.name)]
+            if foreign and not overwrite:
+                raise OutputError(
+                    f"{self.out_dir}: not empty and not a bulkinfer output (has {foreign[0]}); "
+                    "choose an empty or new --output"
+                )
+            self.wipe()
+            _write_atomic(self.job_path, json.dumps(job, indent=1))
+            self.log_path.touch()
+            return job
+        return existing
+
+    def wipe(self) -> None:
+        """Remove everything bulkinfer wrote here, except the lock held by this run."""
+        for p in self.out_dir.iterdir():
+            if p.name == PRIVATE:
+                for q in p.iterdir():
+                    if q.name != "lock":
+                        shutil.rmtree(q) if q.is_dir() else q.unlink()
+            elif _is_ours(p.name):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    # -- commits ------------------------------------------------------------
+    def commits(self, repair: bool = True) -> list[Commit]:
+        """Every committed part; a torn last line (a crash mid-append) is dropped (and cut off)."""
+        if not self.log_path.exists():
+            return []
+        raw = self.log_path.read_bytes()
+        text = raw.decode("utf-8", errors="replace")
+        complete, _, torn = text.rpartition("\n")
+        if torn and repair:
+            with open(self.log_path, "r+b") as fh:
+                fh.truncate(len(raw) - len(torn.encode("utf-8", errors="replace")))
+                os.fsync(fh.fileno())
+        out: list[Commit] = []
+        lines = [ln for ln in complete.split("\n") if ln] if complete else []
+        for n, line in enumerate(lines, 1):
+            out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
+        return out
+
+    def commit(self, shard: int, start: int, stop: int, part: Part) -> Commit:
+        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, _encode_line(asdict(record)).encode())
+            os.fsync(fd)
+        except OSError as exc:
+            raise OutputError(
+                f"{self.log_path}: cannot record the commit ({exc.strerror or exc}); rerun to resume"
+            ) from exc
+        finally:
+            os.close(fd)
+        return record
+
+    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]:
+        """Delete temp files and parts that no ledger line vouches for; return their names."""
+        keep = {c.file for c in committed}
+        removed = []
+        for p in self.out_dir.iterdir():
+            stale_part = p.name.startswith("part-") and p.name not in keep
+            if stale_part or p.name.startswith((".part-", "._SUCCESS")):
+                p.unlink()
+                removed.append(p.name)
+        return removed
+
+    def write_success(self, manifest: Mapping[str, Any]) -> None:
+        _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1))
+
+    def write_private(self, name: str, data: Mapping[str, Any]) -> None:
+        _write_atomic(self.private / name, json.dumps(data, indent=1))
+
+
+def _describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    if old.get("model_digest") != new.get("model_digest"):
+        return "the model changed"
+    old_inputs = {f["uri"]: f for f in old.get("inputs", [])}
+    new_inputs = {f["uri"]: f for f in new.get("inputs", [])}
+    for uri in sorted(set(old_inputs) | set(new_inputs)):
+        if old_inputs.get(uri) != new_inputs.get(uri):
+            return f"input {uri} changed" if uri in old_inputs and uri in new_inputs else f"input set changed at {uri}"
+    old_cfg, new_cfg = old.get("identity", {}), new.get("identity", {})
+    changed = sorted(k for k in set(old_cfg) | set(new_cfg) if old_cfg.get(k) != new_cfg.get(k))
+    return f"config changed: {', '.join(changed)}" if changed else "its fingerprint differs"

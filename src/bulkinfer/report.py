@@ -1,0 +1,208 @@
+"""What a run did: counters and timings fed by the runner, a progress display, the
+final summary, ``report.json`` and a Prometheus text file. Reads events, never decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Progress", "RunStats", "write_prometheus"]
+
+log = logging.getLogger("bulkinfer")
+
+STAGES = ("read", "preprocess", "infer", "write")
+
+
+def _bucket(n: int) -> str:
+    """Power-of-two bucket label of a batch size: 1, 2, 3-4, 5-8, ..."""
+    hi = 1
+    while hi < n:
+        hi *= 2
+    lo = hi // 2 + 1 if hi > 1 else 1
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
+@dataclass
+class RunStats:
+    """Thread-safe counters of one run."""
+
+    rows_planned: int = 0
+    rows_already_done: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_failed: int = 0
+    shards_planned: int = 0
+    shards_already_done: int = 0
+    shards_committed: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    wait_for_input_s: float = 0.0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    started: float = field(default_factory=time.perf_counter)
+    running_since: float | None = None
+    finished: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_time(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.stage_s[stage] += seconds
+
+    def add_batch(self, rows: int, tokens: int = 0, padded: int = 0) -> None:
+        with self._lock:
+            self.batch_sizes[rows] += 1
+            self.tokens += tokens
+            self.padded_tokens += padded
+
+    def add_rows(self, *, rows_in: int = 0, rows_out: int = 0, failed: int = 0, shards: int = 0) -> None:
+        with self._lock:
+            self.rows_in += rows_in
+            self.rows_out += rows_out
+            self.rows_failed += failed
+            self.shards_committed += shards
+
+    def mark_running(self) -> None:
+        """The model is set up: throughput is measured from here."""
+        self.running_since = time.perf_counter()
+
+    @property
+    def wall_s(self) -> float:
+        return (self.finished or time.perf_counter()) - self.started
+
+    @property
+    def run_s(self) -> float:
+        """Seconds since set-up finished (the processing time that rows/s is computed over)."""
+        return (self.finished or time.perf_counter()) - (self.running_since or self.started)
+
+    def to_json(self, *, price_per_hour: float = 0.0, currency: str = "USD") -> dict[str, Any]:
+        wall = max(self.run_s, 1e-9)
+        n_batches = sum(self.batch_sizes.values())
+        hist: Counter[str] = Counter()
+        for size, count in sorted(self.batch_sizes.items()):
+            hist[_bucket(size)] += count
+        cost_run = price_per_hour * self.wall_s / 3600.0
+        return {
+            "rows_planned": self.rows_planned,
+            "rows_already_done": self.rows_already_done,
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "rows_failed": self.rows_failed,
+            "shards": {
+                "planned": self.shards_planned,
+                "already_done": self.shards_already_done,
+                "committed": self.shards_committed,
+            },
+            "wall_s": round(self.wall_s, 3),
+            "setup_s": round(self.wall_s - self.run_s, 3),
+            "run_s": round(wall, 3),
+            "rows_per_s": round(self.rows_out / wall, 2),
+            "time_s": {k: round(v, 3) for k, v in self.stage_s.items()},
+            "time_share": {k: round(v / wall, 4) for k, v in self.stage_s.items()},
+            "wait_for_input_s": round(self.wait_for_input_s, 3),
+            "batches": {
+                "count": n_batches,
+                "mean_rows": round(sum(k * v for k, v in self.batch_sizes.items()) / max(n_batches, 1), 2),
+                "histogram": dict(hist),
+                "padding_ratio": round(self.padded_tokens / self.tokens, 4) if self.tokens else None,
+            },
+            "cost": {
+                "instance_price_per_hour": price_per_hour,
+                "currency": currency,
+                "run": round(cost_run, 6),
+                "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
+            },
+        }
+
+
+class Progress:
+    """A rich bar on a terminal, a log line every ``interval`` seconds otherwise."""
+
+    def __init__(self, stats: RunStats, mode: str = "auto", interval: float = 10.0) -> None:
+        self.stats = stats
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "log"
+        self.mode = mode
+        self.interval = interval
+        self._last_log = time.perf_counter()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.mode == "bar":
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]bulkinfer"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("rows · {task.fields[rate]} rows/s"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self._bar.start()
+            todo = self.stats.rows_planned
+            self._task = self._bar.add_task("run", total=todo, completed=self.stats.rows_already_done, rate="-")
+        return self
+
+    def update(self) -> None:
+        s = self.stats
+        done = s.rows_already_done + s.rows_out + s.rows_failed
+        rate = s.rows_out / max(s.run_s, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, rate=f"{rate:,.0f}")
+        elif self.mode == "log" and time.perf_counter() - self._last_log >= self.interval:
+            self._last_log = time.perf_counter()
+            left = s.rows_planned - done
+            eta = left / rate if rate > 0 else float("nan")
+            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%.0f", done, s.rows_planned, rate, eta)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self.update()
+            self._bar.stop()
+
+
+def write_prometheus(path: Path, report: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+    """Write the run's figures in Prometheus text format (for node_exporter's textfile collector)."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    reg = CollectorRegistry()
+    names = list(labels)
+    values = [labels[k] for k in names]
+
+    def gauge(name: str, doc: str, value: float | None, extra: Mapping[str, str] | None = None) -> None:
+        if value is None:
+            return
+        keys = names + list(extra or {})
+        g = Gauge(name, doc, keys, registry=reg) if name not in gauges else gauges[name]
+        gauges[name] = g
+        g.labels(*values, *(extra or {}).values()).set(value)
+
+    gauges: dict[str, Gauge] = {}
+    gauge("bulkinfer_rows_out", "Rows written by this run.", report["rows_out"])
+    gauge("bulkinfer_rows_failed", "Rows failed in this run.", report["rows_failed"])
+    gauge("bulkinfer_wall_seconds", "Wall time of this run.", report["wall_s"])
+    gauge("bulkinfer_rows_per_second", "Throughput of this run.", report["rows_per_s"])
+    for stage, secs in report["time_s"].items():
+        gauge("bulkinfer_stage_seconds", "Busy seconds per pipeline stage.", secs, {"stage": stage})
+    gauge("bulkinfer_cost_per_million_rows", "Cost per million rows.", report["cost"]["per_million_rows"])
+    write_to_textfile(str(path), reg)

@@ -1,0 +1,94 @@
+"""Output files: serialise a shard's table, write it under a temporary name, make it durable,
+and rename it into place. Only the ledger decides that a part is committed.
+
+A part is invisible (``.``-prefixed) until the atomic rename; after the rename it is
+complete. Readers that skip names starting with ``_`` or ``.`` never see half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from .errors import OutputError
+
+__all__ = ["EXTENSIONS", "Part", "fsync_dir", "part_name", "serialize", "write_part"]
+
+EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv"}
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part file written and renamed into place (not yet in the ledger)."""
+
+    name: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def part_name(shard_index: int, fmt: str) -> str:
+    return f"part-{shard_index:05d}{EXTENSIONS[fmt]}"
+
+
+def _jsonable(table: pa.Table) -> pa.Table:
+    """CSV cannot hold lists: nested columns become JSON text."""
+    cols = []
+    for col in table.columns:
+        if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_struct(col.type):
+            col = pa.array([None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string())
+        cols.append(col)
+    return pa.table(cols, names=table.column_names)
+
+
+def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
+    """The bytes of ``table`` in the output format."""
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        pq.write_table(table, buf, compression=compression)
+    elif fmt == "csv":
+        pacsv.write_csv(_jsonable(table), buf)
+    elif fmt == "jsonl":
+        for row in table.to_pylist():
+            buf.write(json.dumps(row, ensure_ascii=False, default=str).encode())
+            buf.write(b"\n")
+    else:  # pragma: no cover - config validation forbids it
+        raise OutputError(f"sink.format: unknown format {fmt!r}")
+    return buf.getvalue()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression: str = "zstd") -> Part:
+    """Write ``table`` to ``out_dir/name`` atomically: temp file, fsync, rename, fsync directory."""
+    data = serialize(table, fmt, compression)
+    tmp = out_dir / f".{name}.tmp-{os.getpid()}"
+    final = out_dir / name
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        fsync_dir(out_dir)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(
+            f"{final}: cannot write the part ({exc.strerror or exc}); "
+            "free space or fix permissions, then rerun to resume"
+        ) from exc
+    return Part(name=name, rows=table.num_rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())

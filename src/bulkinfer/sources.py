@@ -1,0 +1,299 @@
+"""Input files: list them, fingerprint them, plan shards, read a shard as Arrow batches.
+
+A shard is a (file, row range). Planning is deterministic: files sorted by URI, Parquet
+shards follow row-group boundaries, CSV and JSONL shards are ``shard_rows`` rows each
+(JSONL shards also carry their byte range, so reading one seeks straight to it).
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import SourceError
+
+__all__ = ["InputFile", "Shard", "detect_format", "list_inputs", "plan_shards", "read_shard"]
+
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+}
+_HASH_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and its fingerprint (size, mtime or etag, hash of head and tail)."""
+
+    uri: str
+    format: str
+    size: int
+    version: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[start, stop)`` of one input file; ``offset``/``end`` are byte bounds for JSONL."""
+
+    index: int
+    uri: str
+    format: str
+    start: int
+    stop: int
+    offset: int | None = None
+    end: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Shard:
+        return cls(**data)
+
+
+def detect_format(uri: str, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    lower = uri.lower()
+    for ext, fmt in _EXTENSIONS.items():
+        if lower.endswith(ext):
+            return fmt
+    raise SourceError(f"{uri}: cannot tell the format from the extension; set source.format")
+
+
+def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def _qualify(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    if isinstance(fs, LocalFileSystem):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+def _is_data_file(path: str) -> bool:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return not name.startswith(("_", ".")) and any(name.lower().endswith(e) for e in _EXTENSIONS)
+
+
+def _expand(pattern: str) -> list[str]:
+    fs, path = _fs(pattern)
+    if _glob.has_magic(path):
+        found = [p for p in fs.glob(path) if fs.isfile(p)]
+        if not found:
+            raise SourceError(f"{pattern}: the pattern matches no file; check the path")
+        return [_qualify(fs, p) for p in found]
+    if fs.isdir(path):
+        found = [p for p in fs.find(path) if _is_data_file(p)]
+        if not found:
+            raise SourceError(f"{pattern}: the directory holds no .parquet, .csv or .jsonl file")
+        return [_qualify(fs, p) for p in found]
+    if fs.isfile(path):
+        return [_qualify(fs, path)]
+    raise SourceError(f"{pattern}: no such file or directory; check the path")
+
+
+def _fingerprint(uri: str, fmt: str) -> InputFile:
+    fs, path = _fs(uri)
+    try:
+        info = fs.info(path)
+        size = int(info.get("size") or 0)
+        version = str(
+            info.get("ETag")
+            or info.get("etag")
+            or info.get("mtime")
+            or info.get("LastModified")
+            or info.get("created")
+            or ""
+        )
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as f:
+            h.update(f.read(_HASH_BYTES))
+            if size > _HASH_BYTES:
+                f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
+                h.update(f.read(_HASH_BYTES))
+    except OSError as exc:
+        raise SourceError(f"{uri}: cannot read the file ({exc.strerror or exc}); check its permissions") from exc
+    return InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
+
+
+def list_inputs(patterns: Sequence[str], declared_format: str = "auto") -> list[InputFile]:
+    """Expand paths, directories and globs into fingerprinted files, sorted, without duplicates."""
+    uris: list[str] = []
+    for pattern in patterns:
+        uris.extend(_expand(pattern))
+    unique = sorted(set(uris))
+    return [_fingerprint(u, detect_format(u, declared_format)) for u in unique]
+
+
+def _open_local_or_fs(uri: str) -> Any:
+    fs, path = _fs(uri)
+    if isinstance(fs, LocalFileSystem):
+        return path
+    return fs.open(path, "rb")
+
+
+def _plan_parquet(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
+    try:
+        meta = pq.ParquetFile(_open_local_or_fs(f.uri)).metadata
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{f.uri}: not a readable Parquet file ({exc}); rewrite or remove it") from exc
+    ranges: list[tuple[int, int, int | None, int | None]] = []
+    start = cur = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        if cur > start and cur - start + n > shard_rows:
+            ranges.append((start, cur, None, None))
+            start = cur
+        cur += n
+        while cur - start > shard_rows:
+            ranges.append((start, start + shard_rows, None, None))
+            start += shard_rows
+    if cur > start:
+        ranges.append((start, cur, None, None))
+    return ranges
+
+
+def _plan_jsonl(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
+    fs, path = _fs(f.uri)
+    ranges: list[tuple[int, int, int | None, int | None]] = []
+    rows = start_row = 0
+    pos = start_off = 0
+    with fs.open(path, "rb") as fh:
+        for line in fh:
+            pos += len(line)
+            if line.strip():
+                rows += 1
+                if rows - start_row == shard_rows:
+                    ranges.append((start_row, rows, start_off, pos))
+                    start_row, start_off = rows, pos
+    if rows > start_row:
+        ranges.append((start_row, rows, start_off, pos))
+    return ranges
+
+
+def _csv_reader(uri: str, skip: int = 0, block_size: int | None = None) -> pacsv.CSVStreamingReader:
+    fs, path = _fs(uri)
+    opts = pacsv.ReadOptions(skip_rows_after_names=skip, block_size=block_size or (1 << 22))
+    try:
+        return pacsv.open_csv(fs.open(path, "rb"), read_options=opts)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{uri}: cannot parse the CSV header ({exc})") from exc
+
+
+def _plan_csv(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
+    total = 0
+    try:
+        for batch in _csv_reader(f.uri):
+            total += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        raise SourceError(f"{f.uri}: malformed CSV near row {total} ({exc})") from exc
+    return [(s, min(s + shard_rows, total), None, None) for s in range(0, total, shard_rows)]
+
+
+_PLANNERS = {"parquet": _plan_parquet, "jsonl": _plan_jsonl, "csv": _plan_csv}
+
+
+def plan_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:
+    """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once."""
+    shards: list[Shard] = []
+    for f in files:
+        if f.size == 0:
+            continue
+        for start, stop, off, end in _PLANNERS[f.format](f, shard_rows):
+            shards.append(Shard(len(shards), f.uri, f.format, start, stop, off, end))
+    return shards
+
+
+def _check_columns(uri: str, schema: pa.Schema, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SourceError(f"{uri}: column {missing[0]!r} not found; the file has {', '.join(schema.names)}")
+
+
+def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    pf = pq.ParquetFile(_open_local_or_fs(shard.uri))
+    _check_columns(shard.uri, pf.schema_arrow, columns)
+    meta = pf.metadata
+    groups: list[int] = []
+    first = cur = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        if cur + n > shard.start and cur < shard.stop:
+            if not groups:
+                first = cur
+            groups.append(rg)
+        cur += n
+    skip, remaining = shard.start - first, shard.num_rows
+    for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch = batch.slice(skip, remaining)
+        skip = 0
+        remaining -= batch.num_rows
+        yield batch
+        if remaining <= 0:
+            return
+
+
+def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    fs, path = _fs(shard.uri)
+    assert shard.offset is not None and shard.end is not None
+    with fs.open(path, "rb") as fh:
+        fh.seek(shard.offset)
+        data = fh.read(shard.end - shard.offset)
+    try:
+        table = pajson.read_json(io.BytesIO(data))
+    except pa.ArrowInvalid as exc:
+        raise SourceError(f"{shard.uri}: invalid JSON in rows {shard.start}-{shard.stop} ({exc})") from exc
+    _check_columns(shard.uri, table.schema, columns)
+    table = table.select(list(columns)).slice(0, shard.num_rows)
+    yield from table.to_batches(max_chunksize=batch_rows)
+
+
+def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    reader = _csv_reader(shard.uri, skip=shard.start)
+    _check_columns(shard.uri, reader.schema, columns)
+    remaining = shard.num_rows
+    for batch in reader:
+        batch = batch.select(list(columns)).slice(0, remaining)
+        remaining -= batch.num_rows
+        for off in range(0, batch.num_rows, batch_rows):
+            yield batch.slice(off, batch_rows)
+        if remaining <= 0:
+            return
+
+
+_READERS = {"parquet": _read_parquet, "jsonl": _read_jsonl, "csv": _read_csv}
+
+
+def read_shard(shard: Shard, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
+    """Yield the shard's rows, in order, as record batches holding ``columns``."""
+    try:
+        yield from _READERS[shard.format](shard, columns, batch_rows)
+    except FileNotFoundError as exc:
+        raise SourceError(f"{shard.uri}: the file disappeared after planning; restore it and rerun") from exc
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{shard.uri}: cannot read rows {shard.start}-{shard.stop} ({exc})") from exc

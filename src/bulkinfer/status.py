@@ -1,0 +1,59 @@
+"""What an output directory holds: committed, remaining, errors, fingerprint (``bulkinfer inspect``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import OutputError
+from .ledger import ERRORS, SUCCESS, Ledger
+
+__all__ = ["inspect_output"]
+
+
+def _count_error_records(path: Path) -> int:
+    if not path.is_dir():
+        return 0
+    total = 0
+    for f in path.iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            with f.open("rb") as fh:
+                total += sum(1 for line in fh if line.strip())
+    return total
+
+
+def inspect_output(out_dir: str | Path) -> dict[str, Any]:
+    """Describe the job in ``out_dir`` without changing anything."""
+    out = Path(out_dir)
+    ledger = Ledger(out)
+    job = ledger.read_job()
+    if job is None:
+        raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
+    shards = job.get("shards", [])
+    commits = ledger.commits(repair=False)
+    done = {c.shard for c in commits}
+    rows_planned = sum(s["stop"] - s["start"] for s in shards)
+    rows_committed = sum(c.rows for c in commits)
+    report_path = ledger.private / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    holder = ledger.live_holder()
+    return {
+        "output": str(out),
+        "job_fingerprint": job.get("fingerprint"),
+        "model": job.get("model"),
+        "inputs": len(job.get("inputs", [])),
+        "shards_planned": len(shards),
+        "shards_committed": len(done),
+        "shards_remaining": len(shards) - len(done),
+        "rows_planned": rows_planned,
+        "rows_committed": rows_committed,
+        "rows_remaining": sum(s["stop"] - s["start"] for s in shards if s["index"] not in done),
+        "error_records": _count_error_records(out / ERRORS),
+        "complete": (out / SUCCESS).is_file(),
+        "running": holder is not None,
+        "lock_holder": holder,
+        "last_run": None
+        if report is None
+        else {k: report.get(k) for k in ("status", "rows_out", "rows_per_s", "wall_s")},
+    }

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import cli, read_output, tabular_table, train_classifier, write
+
+
+@pytest.fixture()
+def job(tmp_path):
+    write(tabular_table(900), tmp_path / "data" / "a.parquet", row_group_size=100)
+    train_classifier(tmp_path / "model.joblib")
+    (tmp_path / "job.toml").write_text(
+        '[source]\npaths = ["data/*.parquet"]\nid_column = "id"\nshard_rows = 300\n'
+        '[model]\nname = "model.joblib"\n[runtime]\nbatch_size = 50\n[sink]\npath = "out"\n'
+        "[cost]\ninstance_price_per_hour = 0.34\n"
+    )
+    return tmp_path
+
+
+def test_run_from_config_with_set_then_inspect(job):
+    proc = cli("run", "job.toml", "--set", "runtime.batch_size=64", "--keep-columns", "segment", cwd=job, check=True)
+    assert "done: 900 rows written this run (0 already committed)" in proc.stdout
+    assert "per million rows" in proc.stdout
+    report = json.loads((job / "out" / "_bulkinfer" / "report.json").read_text())
+    assert report["batch_size"] == 64 and report["rows_out"] == 900 and report["status"] == "complete"
+    assert set(report["time_s"]) == {"read", "preprocess", "infer", "write"}
+    assert report["cost"]["per_million_rows"] > 0
+    assert read_output(job / "out").column_names == ["id", "segment", "prediction", "proba_no", "proba_yes"]
+    info = json.loads(cli("inspect", "out", "--json", cwd=job, check=True).stdout)
+    assert info["complete"] is True and info["running"] is False
+    assert (info["shards_committed"], info["shards_planned"], info["rows_committed"], info["rows_remaining"]) == (
+        3,
+        3,
+        900,
+        0,
+    )
+    text = cli("inspect", "out", cwd=job, check=True).stdout
+    assert "complete" in text and "3/3 committed" in text and info["job_fingerprint"] in text
+    again = cli("run", "job.toml", "--set", "runtime.batch_size=64", "--keep-columns", "segment", cwd=job, check=True)
+    assert "done: 0 rows written this run (900 already committed)" in again.stdout
+
+
+def test_help_lists_every_config_field():
+    out = cli("run", "--help", check=True).stdout
+    for field in (
+        "source.shard_rows",
+        "runtime.batch_size",
+        "runtime.max_tokens",
+        "sink.keep_columns",
+        "execution.overwrite",
+        "cost.instance_price_per_hour",
+    ):
+        assert field in out
+    assert "Rows sorted by length together" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "runtime.batchsize=3"], "runtime.batchsize: unknown field"),
+        (["--set", "runtime.batch_size=0"], "runtime.batch_size: Input should be greater than or equal to 1"),
+        (["-i", "missing/*.parquet"], "missing/*.parquet: the pattern matches no file"),
+        (["-m", "nope.joblib"], "model 'nope.joblib': no such file"),
+        (["--set", "source.id_column='ident'"], "column 'ident' not found; the file has id, x1, x2, x3, segment"),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(job, args, needle):
+    proc = cli("run", "job.toml", *args, cwd=job)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("bulkinfer: error: ") and needle in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_error_exits_2(job):
+    proc = cli("run", "job.toml", "--batch-size", "many", cwd=job)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+
+
+def test_inspect_of_a_non_output_is_one_line(tmp_path):
+    proc = cli("inspect", str(tmp_path))
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        == f"bulkinfer: error: {tmp_path}: not a bulkinfer output directory (no _bulkinfer/job.json)"
+    )

@@ -1,0 +1,84 @@
+"""Shared test helpers: data files, a cheap trained model, running the CLI for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from make_catalog import make_catalog  # noqa: F401  (re-exported for tests)
+
+BULKINFER = [sys.executable, "-m", "bulkinfer"]
+
+
+def tabular_table(n: int, seed: int = 0, start: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    x1, x2, x3 = rng.normal(size=n), rng.normal(size=n), rng.integers(0, 5, size=n)
+    return pa.table(
+        {"id": np.arange(start, start + n), "x1": x1, "x2": x2, "x3": x3, "segment": [f"s{i % 3}" for i in range(n)]}
+    )
+
+
+def write(table: pa.Table, path: Path, row_group_size: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=row_group_size)
+    elif path.suffix == ".csv":
+        pacsv.write_csv(table, path)
+    elif path.suffix == ".jsonl":
+        with path.open("w") as fh:
+            for row in table.to_pylist():
+                fh.write(json.dumps(row) + "\n")
+    else:
+        raise ValueError(path)
+    return path
+
+
+def train_classifier(path: Path, kind: str = "sklearn") -> Path:
+    import joblib
+
+    t = tabular_table(400, seed=1)
+    x = np.column_stack([t[c].to_numpy() for c in ("x1", "x2", "x3")])
+    y = np.where(x[:, 0] + 0.5 * x[:, 1] > 0, "yes", "no")
+    if kind == "sklearn":
+        import pandas as pd
+        from sklearn.ensemble import RandomForestClassifier
+
+        model = RandomForestClassifier(n_estimators=20, random_state=0)
+        model.fit(pd.DataFrame(x, columns=["x1", "x2", "x3"]), y)
+    else:
+        import lightgbm as lgb
+        import pandas as pd
+
+        model = lgb.LGBMClassifier(n_estimators=20, verbose=-1)
+        model.fit(pd.DataFrame(x, columns=["x1", "x2", "x3"]), y)
+    joblib.dump(model, path)
+    return path
+
+
+def read_output(out: Path) -> pa.Table:
+    """What a downstream reader sees: every visible file, ignoring _ and . names."""
+    files = sorted(p for p in out.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
+    fmt = files[0].suffix.lstrip(".") if files else "parquet"
+    if fmt == "parquet":
+        return pads.dataset([str(f) for f in files], format="parquet").to_table()
+    if fmt == "csv":
+        return pa.concat_tables([pacsv.read_csv(f) for f in files])
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    return pa.Table.from_pylist(rows)
+
+
+def cli(*args: str, cwd: Path | None = None, check: bool = False, **kw: object) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([*BULKINFER, *args], capture_output=True, text=True, cwd=cwd, env=env, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"bulkinfer {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bulkinfer.batching import plan_batches, restore_order
+
+lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=400)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=lengths_st,
+    max_rows=st.integers(1, 64),
+    max_tokens=st.one_of(st.none(), st.integers(1, 5000)),
+    window=st.one_of(st.none(), st.integers(1, 500)),
+)
+def test_every_row_once_budget_respected_and_order_restored(lengths, max_rows, max_tokens, window):
+    n = len(lengths)
+    batches = plan_batches(lengths, n, max_rows, max_tokens, window)
+    flat = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
+    assert sorted(flat.tolist()) == list(range(n))
+    for b in batches:
+        assert 1 <= len(b) <= max_rows
+        if max_tokens is not None and len(b) > 1:
+            assert max(lengths[i] for i in b) * len(b) <= max_tokens
+    if window:
+        for b in batches:  # a batch never mixes rows of two windows
+            assert len({int(i) // window for i in b}) == 1
+    # outputs computed per batch, scattered back, equal the input order
+    outputs = np.concatenate([np.asarray(b) * 10 for b in batches]) if batches else np.empty(0)
+    assert (outputs[restore_order(batches, n)] == np.arange(n) * 10).all()
+
+
+@given(n=st.integers(0, 300), max_rows=st.integers(1, 50))
+def test_without_costs_rows_stay_in_order(n, max_rows):
+    batches = plan_batches(None, n, max_rows)
+    assert [int(i) for b in batches for i in b] == list(range(n))
+    assert all(len(b) == max_rows for b in batches[:-1])
+
+
+def test_sorting_cuts_padding():
+    lengths = [5, 100, 5, 100, 5, 100, 5, 100]
+    batches = plan_batches(lengths, 8, max_rows=4)
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    assert padded == 4 * 5 + 4 * 100
+    assert {frozenset(int(i) for i in b) for b in batches} == {frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}
+
+
+def test_a_row_over_the_budget_goes_alone():
+    batches = plan_batches([10, 500, 10], 3, max_rows=8, max_tokens=100)
+    assert [sorted(int(i) for i in b) for b in batches] == [[0, 2], [1]]
+
+
+def test_restore_order_refuses_incomplete_cover():
+    with pytest.raises(ValueError):
+        restore_order([np.array([0, 1])], 3)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from bulkinfer.config import JobConfig, field_docs, load_config
+from bulkinfer.errors import ConfigError
+
+
+def test_toml_then_overrides_then_set(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text(
+        '[source]\npaths = ["a.parquet"]\n[model]\nname = "minilm"\ntext_column = "t"\n'
+        '[runtime]\nbatch_size = 8\n[sink]\npath = "out"\n'
+    )
+    cfg = load_config(
+        f, {"runtime.batch_size": 32, "sink.path": None}, ["runtime.sort_window=64", "sink.keep_columns=['a','b']"]
+    )
+    assert cfg.runtime.batch_size == 32
+    assert cfg.runtime.sort_window == 64
+    assert cfg.sink.keep_columns == ["a", "b"]
+    assert cfg.sink.path == "out"
+    assert cfg.model.text_column == "t"
+
+
+def test_unknown_field_is_one_line_naming_it(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text("[runtime]\nbatchsize = 8\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "runtime.batchsize" in msg and "unknown field" in msg and str(f) in msg
+
+
+def test_wrong_type_names_field_and_value():
+    with pytest.raises(ConfigError) as err:
+        load_config(sets=["runtime.batch_size=lots"])
+    assert "runtime.batch_size" in str(err.value) and "'lots'" in str(err.value)
+
+
+def test_set_needs_key_value():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(sets=["runtime.batch_size"])
+
+
+def test_bad_toml_is_reported(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text("[runtime\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(f)
+
+
+def test_config_is_frozen():
+    cfg = JobConfig()
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error
+        cfg.runtime.batch_size = 3  # type: ignore[misc]
+
+
+def test_every_field_is_documented():
+    docs = list(field_docs())
+    assert len(docs) > 25
+    undocumented = [name for name, _default, doc in docs if not doc]
+    assert undocumented == []
+
+
+def test_require_runnable_names_missing_field():
+    with pytest.raises(ConfigError, match="source.paths"):
+        JobConfig().require_runnable()

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bulkinfer.errors import JobMismatchError, LedgerError, LockedError
+from bulkinfer.ledger import Ledger
+from bulkinfer.sinks import Part
+
+
+def _part(i: int) -> Part:
+    return Part(name=f"part-{i:05d}.parquet", rows=10 + i, bytes=100, sha256="ab" * 32)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shards=st.lists(st.integers(0, 1000), unique=True, max_size=30), torn=st.integers(0, 60))
+def test_commits_survive_a_torn_tail(tmp_path_factory, shards, torn):
+    led = Ledger(tmp_path_factory.mktemp("out"))
+    led.private.mkdir()
+    for s in shards:
+        led.commit(s, 0, 10 + s, _part(s))
+    with open(led.log_path, "ab") as fh:  # a crash in the middle of the next append
+        fh.write(b'0badf00d {"shard": 99999, "file": "x"'[:torn])
+    got = led.commits()
+    assert [c.shard for c in got] == shards
+    assert [c.rows for c in got] == [10 + s for s in shards]
+    assert led.log_path.read_bytes().endswith(b"\n") or (not shards and led.log_path.stat().st_size == 0)
+
+
+def test_corrupt_line_is_refused(tmp_path):
+    led = Ledger(tmp_path)
+    led.private.mkdir()
+    for s in range(3):
+        led.commit(s, 0, 1, _part(s))
+    lines = led.log_path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace('"rows":11', '"rows":12')
+    led.log_path.write_text("".join(lines))
+    with pytest.raises(LedgerError, match="commits.log:2"):
+        led.commits()
+
+
+def test_second_holder_is_refused_and_dead_holder_is_taken_over(tmp_path):
+    first = Ledger(tmp_path)
+    first.acquire()
+    with pytest.raises(LockedError) as err:
+        Ledger(tmp_path).acquire()
+    assert str(os.getpid()) in str(err.value)
+    assert Ledger(tmp_path).live_holder() is not None
+    first.release()
+    assert Ledger(tmp_path).live_holder() is None
+    # a lock file left by a process that died (no flock held) is free
+    (tmp_path / "_bulkinfer" / "lock").write_text(json.dumps({"pid": 999999, "host": "gone"}))
+    again = Ledger(tmp_path)
+    again.acquire()
+    assert again.took_over_from is not None and "999999" in again.took_over_from
+    again.release()
+
+
+def test_begin_refuses_other_job_unless_overwrite(tmp_path):
+    led = Ledger(tmp_path)
+    led.acquire()
+    job = {"fingerprint": "a", "model_digest": "m1", "inputs": [], "identity": {"x": 1}, "shards": []}
+    led.begin(job, overwrite=False)
+    led.commit(0, 0, 1, _part(0))
+    (tmp_path / "part-00000.parquet").write_text("x")
+    with pytest.raises(JobMismatchError, match="model changed"):
+        led.begin({**job, "fingerprint": "b", "model_digest": "m2"}, overwrite=False)
+    with pytest.raises(JobMismatchError, match=r"config changed: x"):
+        led.begin({**job, "fingerprint": "b", "identity": {"x": 2}}, overwrite=False)
+    led.begin({**job, "fingerprint": "b"}, overwrite=True)
+    assert led.commits() == []
+    assert not (tmp_path / "part-00000.parquet").exists()
+    led.release()
+
+
+def test_foreign_directory_is_refused(tmp_path):
+    (tmp_path / "precious.txt").write_text("x")
+    led = Ledger(tmp_path)
+    led.acquire()
+    with pytest.raises(Exception, match="not a bulkinfer output"):
+        led.begin({"fingerprint": "a", "shards": []}, overwrite=False)
+    led.release()
+
+
+def test_remove_uncommitted_keeps_only_vouched_parts(tmp_path):
+    led = Ledger(tmp_path)
+    led.private.mkdir()
+    c = led.commit(0, 0, 1, _part(0))
+    for name in ("part-00000.parquet", "part-00001.parquet", ".part-00002.parquet.tmp-1", "other.txt"):
+        (tmp_path / name).write_text("x")
+    removed = led.remove_uncommitted([c])
+    assert sorted(removed) == [".part-00002.parquet.tmp-1", "part-00001.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_bulkinfer", "other.txt", "part-00000.parquet"]
