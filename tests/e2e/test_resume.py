@@ -1,0 +1,139 @@
+"""Kill real `bulkinfer run` processes and check the output contract afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
+
+SLOW_ADAPTER = textwrap.dedent('''
+    import time
+    from bulkinfer import Adapter
+
+    class Slow(Adapter):
+        input_columns = ("x1",)
+
+        def predict(self, batch):
+            time.sleep(0.05)
+            return {"y": [v * 2 for v in batch["x1"].to_pylist()]}
+''')
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "bulkinfer", "run", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    log = out / "_bulkinfer" / "commits.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("no commit in time")
+
+
+def _visible_parts_are_complete(out: Path) -> None:
+    for p in out.iterdir():
+        if p.is_file() and not p.name.startswith(("_", ".")):
+            pq.read_table(p)  # raises on a half-written file
+
+
+def test_sigkill_mid_run_then_rerun_equals_clean_run(tmp_path):
+    write(make_catalog(420, seed=11), tmp_path / "in.parquet", row_group_size=60)
+    args = ["-i", "in.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
+            "--keep-columns", "category", "--shard-rows", "60", "--progress", "none"]
+    proc = _start([*args, "-o", "out"], tmp_path)
+    _wait_commits(tmp_path / "out", 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _visible_parts_are_complete(tmp_path / "out")
+    committed_before = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
+    assert 2 <= committed_before < 7, "the kill should land mid-run"
+    resumed = cli("run", *args, "-o", "out", cwd=tmp_path, check=True)
+    assert f"({committed_before * 60} already committed)" in resumed.stdout
+    cli("run", *args, "-o", "clean", cwd=tmp_path, check=True)
+    got, clean = read_output(tmp_path / "out"), read_output(tmp_path / "clean")
+    assert got["id"].to_pylist() == clean["id"].to_pylist() == list(range(420))
+    assert got["category"].to_pylist() == clean["category"].to_pylist()
+    a = np.stack(got["embedding"].to_numpy(zero_copy_only=False))
+    b = np.stack(clean["embedding"].to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["_SUCCESS", "_bulkinfer", *[f"part-{i:05d}.parquet" for i in range(7)]]
+
+
+@pytest.fixture()
+def slow_job(tmp_path):
+    (tmp_path / "slowmodel.py").write_text(SLOW_ADAPTER)
+    write(tabular_table(1200), tmp_path / "in.parquet", row_group_size=100)
+    return tmp_path, ["-i", "in.parquet", "-m", "slowmodel:Slow", "--id-column", "id", "--shard-rows", "100",
+                      "--batch-size", "20", "-o", "out", "--progress", "none"]
+
+
+def test_sigterm_exits_75_and_resume_finishes(slow_job):
+    cwd, args = slow_job
+    proc = _start(args, cwd)
+    _wait_commits(cwd / "out", 1, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 75, err
+    assert time.monotonic() - t0 < 10
+    assert "rerun the same command to resume" in err and "Traceback" not in err
+    assert not (cwd / "out" / "_SUCCESS").exists()
+    report = (cwd / "out" / "_bulkinfer" / "report.json").read_text()
+    assert '"status": "interrupted"' in report
+    cli("run", *args, cwd=cwd, check=True)
+    out = read_output(cwd / "out")
+    assert out["id"].to_pylist() == list(range(1200))
+    assert out["y"].to_pylist() == pytest.approx([2 * x for x in tabular_table(1200)["x1"].to_pylist()])
+
+
+def test_concurrent_run_refused_and_dead_lock_taken_over(slow_job):
+    cwd, args = slow_job
+    first = _start(args, cwd)
+    _wait_commits(cwd / "out", 1, first)
+    second = cli("run", *args, cwd=cwd)
+    assert second.returncode == 1
+    assert "another run is writing here" in second.stderr and f'"pid": {first.pid}' in second.stderr
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    third = cli("run", *args, cwd=cwd, check=True)
+    assert "took over the lock left by a run that died" in third.stderr
+    assert read_output(cwd / "out")["id"].to_pylist() == list(range(1200))
+
+
+def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path):
+    write(tabular_table(300), tmp_path / "in.parquet")
+    train_classifier(tmp_path / "m.joblib")
+    args = ["-i", "in.parquet", "-m", "m.joblib", "--id-column", "id", "-o", "out", "--progress", "none"]
+    cli("run", *args, cwd=tmp_path, check=True)
+    write(tabular_table(300, seed=42), tmp_path / "in.parquet")
+    changed = cli("run", *args, cwd=tmp_path)
+    assert changed.returncode == 1
+    assert "holds a different job (input " in changed.stderr and "in.parquet changed)" in changed.stderr and "--overwrite" in changed.stderr
+    cli("run", *args, "--overwrite", cwd=tmp_path, check=True)
+    train_classifier(tmp_path / "m.joblib", kind="lightgbm")
+    other_model = cli("run", *args, cwd=tmp_path)
+    assert other_model.returncode == 1 and "the model changed" in other_model.stderr
+    cli("run", *args, "--overwrite", cwd=tmp_path, check=True)
+    other_cfg = cli("run", *args, "--shard-rows", "7", cwd=tmp_path)
+    assert other_cfg.returncode == 1 and "source.shard_rows" in other_cfg.stderr
+    # settings that do not change the output may change between runs
+    assert cli("run", *args, "--batch-size", "3", "--overwrite", cwd=tmp_path).returncode == 0
+    assert cli("run", *args, "--batch-size", "5", cwd=tmp_path).returncode == 0
+    assert pa.Table.equals(read_output(tmp_path / "out").select(["id"]), tabular_table(300).select(["id"]))
