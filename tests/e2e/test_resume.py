@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
 
-SLOW_ADAPTER = textwrap.dedent('''
+SLOW_ADAPTER = textwrap.dedent("""
     import time
     from bulkinfer import Adapter
 
@@ -26,13 +27,19 @@ SLOW_ADAPTER = textwrap.dedent('''
         def predict(self, batch):
             time.sleep(0.05)
             return {"y": [v * 2 for v in batch["x1"].to_pylist()]}
-''')
+""")
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "bulkinfer", "run", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bulkinfer", "run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -54,8 +61,22 @@ def _visible_parts_are_complete(out: Path) -> None:
 
 def test_sigkill_mid_run_then_rerun_equals_clean_run(tmp_path):
     write(make_catalog(420, seed=11), tmp_path / "in.parquet", row_group_size=60)
-    args = ["-i", "in.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
-            "--keep-columns", "category", "--shard-rows", "60", "--progress", "none"]
+    args = [
+        "-i",
+        "in.parquet",
+        "-m",
+        "minilm",
+        "--text-column",
+        "description",
+        "--id-column",
+        "id",
+        "--keep-columns",
+        "category",
+        "--shard-rows",
+        "60",
+        "--progress",
+        "none",
+    ]
     proc = _start([*args, "-o", "out"], tmp_path)
     _wait_commits(tmp_path / "out", 2, proc)
     proc.send_signal(signal.SIGKILL)
@@ -80,8 +101,22 @@ def test_sigkill_mid_run_then_rerun_equals_clean_run(tmp_path):
 def slow_job(tmp_path):
     (tmp_path / "slowmodel.py").write_text(SLOW_ADAPTER)
     write(tabular_table(1200), tmp_path / "in.parquet", row_group_size=100)
-    return tmp_path, ["-i", "in.parquet", "-m", "slowmodel:Slow", "--id-column", "id", "--shard-rows", "100",
-                      "--batch-size", "20", "-o", "out", "--progress", "none"]
+    return tmp_path, [
+        "-i",
+        "in.parquet",
+        "-m",
+        "slowmodel:Slow",
+        "--id-column",
+        "id",
+        "--shard-rows",
+        "100",
+        "--batch-size",
+        "20",
+        "-o",
+        "out",
+        "--progress",
+        "none",
+    ]
 
 
 def test_sigterm_exits_75_and_resume_finishes(slow_job):
@@ -125,7 +160,11 @@ def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path):
     write(tabular_table(300, seed=42), tmp_path / "in.parquet")
     changed = cli("run", *args, cwd=tmp_path)
     assert changed.returncode == 1
-    assert "holds a different job (input " in changed.stderr and "in.parquet changed)" in changed.stderr and "--overwrite" in changed.stderr
+    assert (
+        "holds a different job (input " in changed.stderr
+        and "in.parquet changed)" in changed.stderr
+        and "--overwrite" in changed.stderr
+    )
     cli("run", *args, "--overwrite", cwd=tmp_path, check=True)
     train_classifier(tmp_path / "m.joblib", kind="lightgbm")
     other_model = cli("run", *args, cwd=tmp_path)

@@ -1,0 +1,64 @@
+"""The README's marked examples run as written (on small data made here)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from bulkinfer.config import field_docs, load_config
+
+from helpers import cli, make_catalog, read_output, write
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+BLOCK = re.compile(r"<!-- readme-test: (\w+) ?([\w.]*) -->\n```\w+\n(.*?)```", re.S)
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    return BLOCK.findall(README.read_text())
+
+
+def _commands(body: str) -> list[list[str]]:
+    joined = body.replace("\\\n", " ")
+    return [shlex.split(line) for line in joined.splitlines() if line.strip().startswith("bulkinfer ")]
+
+
+def test_marked_examples_run(tmp_path):
+    write(make_catalog(40, seed=5), tmp_path / "data" / "catalog.parquet")
+    reviews = ["good value", "broke in a week", "I love it", "meh", "great great great"]
+    write(pa.table({"id": list(range(5)), "review": reviews}), tmp_path / "reviews.jsonl")
+    kinds = []
+    for kind, arg, body in _blocks():
+        kinds.append(kind)
+        if kind == "file":
+            (tmp_path / arg).write_text(body)
+        elif kind == "toml":
+            (tmp_path / arg).write_text(body)
+            cfg = load_config(tmp_path / arg)
+            assert cfg.model.name == "minilm"
+            again = cli("run", arg, "--progress", "none", cwd=tmp_path, check=True)
+            assert "(40 already committed)" in again.stdout  # the same job as the CLI example above
+        elif kind == "run":
+            for argv in _commands(body):
+                assert argv[0] == "bulkinfer"
+                cli(*argv[1:], cwd=tmp_path, check=True)
+        else:
+            pytest.fail(f"unknown readme-test kind {kind}")
+    assert kinds == ["run", "file", "run", "toml"]
+    out = read_output(tmp_path / "out")
+    assert out.column_names == ["id", "category", "embedding"] and out.num_rows == 40
+    sentiment = [json.loads(x) for x in (tmp_path / "sentiment" / "part-00000.jsonl").read_text().splitlines()]
+    assert [r["positive"] for r in sentiment] == [True, False, True, False, True]
+
+
+def test_readme_lists_every_config_field():
+    text = README.read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", text, re.M)}
+    missing = [
+        name for name, _d, _doc in field_docs() if f"`{name.split('.')[1]}`" not in rows.get(name.split(".")[0], "")
+    ]
+    assert missing == []
