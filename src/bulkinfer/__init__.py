@@ -12,6 +12,7 @@ from .config import JobConfig, load_config
 from .errors import (
     BulkinferError,
     ConfigError,
+    ErrorBudgetExceeded,
     Interrupted,
     JobMismatchError,
     LedgerError,
@@ -27,6 +28,7 @@ __all__ = [
     "Adapter",
     "BulkinferError",
     "ConfigError",
+    "ErrorBudgetExceeded",
     "Interrupted",
     "JobConfig",
     "JobMismatchError",

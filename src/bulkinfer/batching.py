@@ -4,16 +4,20 @@ Rows are sorted by cost (token length) inside windows of ``window`` consecutive 
 so rows of similar length share a batch and padding stays small; a batch closes when
 it reaches ``max_rows`` rows or when its padded size (rows x longest row) would exceed
 ``max_tokens``. A row longer than ``max_tokens`` goes alone. Results are scattered back
-to input order with :func:`restore_order`.
+to input order with :func:`restore_order`. :func:`bisect_call` isolates the rows that
+make a call fail, in about log2(batch) extra calls per bad row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["plan_batches", "restore_order"]
+__all__ = ["bisect_call", "plan_batches", "restore_order"]
+
+T = TypeVar("T")
 
 
 def plan_batches(
@@ -56,14 +60,46 @@ def plan_batches(
     return batches
 
 
-def restore_order(batches: Sequence[np.ndarray], n_rows: int) -> np.ndarray:
-    """The permutation that puts concatenated batch outputs back into input order.
+def restore_order(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Put batch outputs back in input order, allowing rows that failed (absent from ``batches``).
 
-    ``outputs_in_batch_order[restore_order(batches, n)]`` is in input order.
+    Returns ``(rows, take)``: the surviving row indices ascending, and the permutation with
+    which ``concatenated_batch_outputs.take(take)`` lines up with ``rows``.
     """
-    flat = np.concatenate(list(batches)) if batches else np.empty(0, dtype=np.int64)
-    if len(flat) != n_rows:
-        raise ValueError("batches do not cover every row exactly once")
-    inverse = np.empty(n_rows, dtype=np.int64)
-    inverse[flat] = np.arange(n_rows)
-    return inverse
+    flat = np.concatenate(list(batches)) if len(batches) else np.empty(0, dtype=np.int64)
+    take = np.argsort(flat, kind="stable")
+    rows = flat[take]
+    if len(rows) > 1 and (np.diff(rows) == 0).any():
+        raise ValueError("a row appears in two batches")
+    return rows, take
+
+
+def bisect_call(
+    indices: np.ndarray,
+    call: Callable[[np.ndarray], T],
+    on_failure: Callable[[np.ndarray, BaseException], None] | None = None,
+) -> tuple[list[tuple[np.ndarray, T]], list[tuple[int, BaseException]]]:
+    """Call ``call(indices)``; when it raises, split in halves and retry until the failing
+    rows are alone. Returns the successful (indices, result) pieces, in order, and the
+    (row, exception) of every row that fails on its own. ``on_failure`` sees each failure
+    (e.g. to shrink later batches after an out-of-memory error).
+    """
+    done: list[tuple[np.ndarray, T]] = []
+    failed: list[tuple[int, BaseException]] = []
+    stack = [np.asarray(indices)]
+    while stack:
+        part = stack.pop()
+        if len(part) == 0:
+            continue
+        try:
+            done.append((part, call(part)))
+        except Exception as exc:
+            if on_failure is not None:
+                on_failure(part, exc)
+            if len(part) == 1:
+                failed.append((int(part[0]), exc))
+            else:
+                mid = len(part) // 2
+                stack.append(part[mid:])
+                stack.append(part[:mid])
+    return done, failed

@@ -105,6 +105,10 @@ class ExecutionConfig(_Section):
     """Seconds between progress log lines when not on a terminal."""
     limit_rows: int | None = Field(default=None, ge=1)
     """Process only the first N planned rows (a smoke test of a big job)."""
+    max_error_rate: float = Field(default=0.001, ge=0, le=1)
+    """Stop (exit 1) once failed rows exceed this share of the planned rows."""
+    max_errors: int | None = Field(default=None, ge=0)
+    """Stop (exit 1) once failed rows exceed this count; None: only max_error_rate applies."""
 
 
 class CostConfig(_Section):

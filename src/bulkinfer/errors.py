@@ -12,6 +12,7 @@ names the file, the row or the field and says what to do. The CLI prints the mes
     │   ├── LockedError            another live run holds the output directory
     │   └── JobMismatchError       the output holds a different job (config, model or input changed)
     ├── LedgerError                the ledger is corrupt; bulkinfer refuses rather than guess
+    ├── ErrorBudgetExceeded        more rows failed than execution.max_errors / max_error_rate allow
     └── Interrupted                exit 75: stopped by a signal, safe to rerun the same command
 
 Errors from libraries are translated at the boundary with ``raise ... from exc``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 __all__ = [
     "BulkinferError",
     "ConfigError",
+    "ErrorBudgetExceeded",
     "Interrupted",
     "JobMismatchError",
     "LedgerError",
@@ -64,6 +66,10 @@ class JobMismatchError(OutputError):
 
 class LedgerError(BulkinferError):
     """The ledger is unreadable or fails its checksums."""
+
+
+class ErrorBudgetExceeded(BulkinferError):
+    """More rows failed than the error budget allows; the failed rows are in ``_errors/``."""
 
 
 class Interrupted(BulkinferError):

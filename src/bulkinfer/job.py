@@ -22,13 +22,13 @@ from typing import Any
 
 from . import __version__
 from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from .committer import Committer, remaining_work
 from .config import JobConfig
-from .errors import ConfigError, Interrupted, OutputError
+from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError
 from .ledger import Ledger
 from .report import Progress, RunStats, write_prometheus
-from .runners import LocalRunner, ShardOutput
-from .sinks import part_name, write_part
-from .sources import Shard, list_inputs, plan_shards
+from .runners import LocalRunner
+from .sources import Shard, check_columns_somewhere, list_inputs, plan_shards
 
 __all__ = ["RunResult", "job_identity", "run_job"]
 
@@ -121,6 +121,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
         log.info("output order is not the input order and no id column is kept")
     inputs = list_inputs(cfg.source.paths, cfg.source.format)
+    check_columns_somewhere(inputs, [*adapter.input_columns, *passthrough])
     identity = job_identity(cfg)
     input_records = [asdict(f) for f in inputs]
     fingerprint = _fingerprint(identity, model.digest, input_records)
@@ -156,18 +157,25 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
         removed = ledger.remove_uncommitted(committed)
         if removed:
             log.info("removed %d uncommitted file(s) left by an earlier run", len(removed))
-        done_ids = {c.shard for c in committed}
-        todo = [s for s in shards if s.index not in done_ids]
+        todo = remaining_work(shards, committed)
         stats = RunStats(
             rows_planned=sum(s.num_rows for s in shards),
             shards_planned=len(shards),
-            rows_already_done=sum(s.num_rows for s in shards if s.index in done_ids),
-            shards_already_done=len(done_ids),
+            rows_already_done=sum(c.stop - c.start for c in committed),
+            shards_already_done=len(shards) - len({s.index for s in todo}),
+        )
+        committer = Committer(
+            cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=sum(c.errors for c in committed)
         )
         status = "complete"
         try:
+            if committer.failed_before > committer.budget:
+                raise ErrorBudgetExceeded(
+                    f"{committer.failed_before} rows already failed, over the error budget of {committer.budget}; "
+                    f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
+                )
             if todo:
-                _execute(cfg, adapter, todo, ledger, stats, stop)
+                _execute(cfg, adapter, todo, committer, stats, stop)
         except Interrupted:
             status = "interrupted"
             raise
@@ -178,14 +186,14 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
             stats.finished = time.perf_counter()
             report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind)
         if status == "complete":
-            _write_success(ledger, fingerprint, stats)
+            _write_success(ledger, fingerprint)
         return RunResult(out_dir, status, report)
     finally:
         ledger.release()
 
 
 def _execute(
-    cfg: JobConfig, adapter: Any, todo: list[Shard], ledger: Ledger, stats: RunStats, stop: threading.Event
+    cfg: JobConfig, adapter: Any, todo: list[Shard], committer: Committer, stats: RunStats, stop: threading.Event
 ) -> None:
     threads = cfg.runtime.threads or available_cpus()
     adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
@@ -195,27 +203,16 @@ def _execute(
         raise ConfigError("model: the adapter names an empty input column")
     runner = LocalRunner(cfg, adapter, stats, stop)
     with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress:
-
-        def commit(out: ShardOutput) -> None:
-            shard = out.shard
-            part = write_part(
-                ledger.out_dir,
-                part_name(shard.index, cfg.sink.format),
-                out.table,
-                cfg.sink.format,
-                cfg.sink.compression,
-            )
-            ledger.commit(shard.index, shard.start, shard.stop, part)
-            stats.add_rows(rows_in=shard.num_rows, rows_out=part.rows, shards=1)
-            progress.update()
-
+        committer.on_commit = progress.update
         with _signals(stop):
             try:
-                runner.run(todo, commit)
+                runner.run(todo, committer)
             finally:
                 adapter.close()
     if stop.is_set():
-        raise Interrupted(f"{ledger.out_dir}: interrupted; rerun the same command to resume")
+        raise Interrupted(
+            f"{committer.ledger.out_dir}: interrupted; committed rows are kept, rerun the same command to resume"
+        )
 
 
 def _write_report(
@@ -240,14 +237,15 @@ def _write_report(
     return report
 
 
-def _write_success(ledger: Ledger, fingerprint: str, stats: RunStats) -> None:
+def _write_success(ledger: Ledger, fingerprint: str) -> None:
     commits = sorted(ledger.commits(), key=lambda c: (c.shard, c.start))
     ledger.write_success(
         {
             "job_fingerprint": fingerprint,
             "completed": time.time(),
             "rows": sum(c.rows for c in commits),
-            "rows_failed": stats.rows_failed,
+            "rows_failed": sum(c.errors for c in commits),
+            "error_files": [f"_errors/{c.error_file}" for c in commits if c.error_file],
             "files": [
                 {
                     "name": c.file,
@@ -259,6 +257,7 @@ def _write_success(ledger: Ledger, fingerprint: str, stats: RunStats) -> None:
                     "stop": c.stop,
                 }
                 for c in commits
+                if c.file
             ],
         }
     )

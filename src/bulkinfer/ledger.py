@@ -4,6 +4,7 @@ Layout (``_bulkinfer/`` is private)::
 
     out/part-00000.parquet ...      committed parts (after rename)
     out/_SUCCESS                    manifest, written last
+    out/_errors/part-00000.jsonl    one record per failed row of that part
     out/_bulkinfer/job.json         job fingerprint, config, inputs and the shard plan
     out/_bulkinfer/commits.log      append-only, one checksummed line per committed part
     out/_bulkinfer/lock             flock()ed by the live run; names its pid and host
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import JobMismatchError, LedgerError, LockedError, OutputError
+from .faults import crash_point
 from .sinks import Part, fsync_dir
 
 __all__ = ["Commit", "Ledger"]
@@ -40,7 +42,8 @@ ERRORS = "_errors"
 
 @dataclass(frozen=True)
 class Commit:
-    """One committed part: rows ``[start, stop)`` of shard ``shard`` live in ``file``."""
+    """Rows ``[start, stop)`` of shard ``shard`` are done: ``rows`` of them are in ``file``
+    (empty when none succeeded), ``errors`` failed and are described in ``error_file``."""
 
     shard: int
     start: int
@@ -49,6 +52,8 @@ class Commit:
     rows: int
     bytes: int
     sha256: str
+    errors: int = 0
+    error_file: str | None = None
 
 
 def _encode_line(record: Mapping[str, Any]) -> str:
@@ -64,12 +69,14 @@ def _decode_line(line: str, where: str) -> dict[str, Any]:
     return data
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str, crash_at: str | None = None) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+    if crash_at:
+        crash_point(crash_at)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -86,6 +93,7 @@ class Ledger:
         self.private = out_dir / PRIVATE
         self.job_path = self.private / "job.json"
         self.log_path = self.private / "commits.log"
+        self.errors_dir = out_dir / ERRORS
         self._lock_fh: Any = None
         self.took_over_from: str | None = None
 
@@ -196,8 +204,12 @@ class Ledger:
             out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
         return out
 
-    def commit(self, shard: int, start: int, stop: int, part: Part) -> Commit:
-        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256)
+    def commit(
+        self, shard: int, start: int, stop: int, part: Part | None, errors: int = 0, error_file: str | None = None
+    ) -> Commit:
+        if part is None:
+            part = Part(name="", rows=0, bytes=0, sha256="")
+        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _encode_line(asdict(record)).encode())
@@ -211,18 +223,25 @@ class Ledger:
         return record
 
     def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]:
-        """Delete temp files and parts that no ledger line vouches for; return their names."""
+        """Delete temp files, parts and error files that no ledger line vouches for; return their names."""
+        committed = list(committed)
         keep = {c.file for c in committed}
+        keep_errors = {c.error_file for c in committed if c.error_file}
         removed = []
         for p in self.out_dir.iterdir():
             stale_part = p.name.startswith("part-") and p.name not in keep
             if stale_part or p.name.startswith((".part-", "._SUCCESS")):
                 p.unlink()
                 removed.append(p.name)
+        if self.errors_dir.is_dir():
+            for p in self.errors_dir.iterdir():
+                if p.name.startswith(".") or (p.name.startswith("part-") and p.name not in keep_errors):
+                    p.unlink()
+                    removed.append(f"{ERRORS}/{p.name}")
         return removed
 
     def write_success(self, manifest: Mapping[str, Any]) -> None:
-        _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1))
+        _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         _write_atomic(self.private / name, json.dumps(data, indent=1))

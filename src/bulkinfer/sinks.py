@@ -19,8 +19,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from .errors import OutputError
+from .faults import crash_point
 
-__all__ = ["EXTENSIONS", "Part", "fsync_dir", "part_name", "serialize", "write_part"]
+__all__ = ["EXTENSIONS", "Part", "fsync_dir", "part_name", "serialize", "write_bytes", "write_part"]
 
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv"}
 
@@ -35,8 +36,11 @@ class Part:
     sha256: str
 
 
-def part_name(shard_index: int, fmt: str) -> str:
-    return f"part-{shard_index:05d}{EXTENSIONS[fmt]}"
+def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:
+    """``part-00003.parquet`` for a whole shard; ``part-00003-0000012345.parquet`` for a tail
+    starting at row 12345 (after a partial commit)."""
+    tail = "" if start is None else f"-{start:010d}"
+    return f"part-{shard_index:05d}{tail}{EXTENSIONS[fmt]}"
 
 
 def _jsonable(table: pa.Table) -> pa.Table:
@@ -75,7 +79,11 @@ def fsync_dir(path: Path) -> None:
 
 def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression: str = "zstd") -> Part:
     """Write ``table`` to ``out_dir/name`` atomically: temp file, fsync, rename, fsync directory."""
-    data = serialize(table, fmt, compression)
+    return write_bytes(out_dir, name, serialize(table, fmt, compression), table.num_rows)
+
+
+def write_bytes(out_dir: Path, name: str, data: bytes, rows: int) -> Part:
+    """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename)."""
     tmp = out_dir / f".{name}.tmp-{os.getpid()}"
     final = out_dir / name
     try:
@@ -83,6 +91,7 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        crash_point("part-temp-written")
         os.replace(tmp, final)
         fsync_dir(out_dir)
     except OSError as exc:
@@ -91,4 +100,4 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
             f"{final}: cannot write the part ({exc.strerror or exc}); "
             "free space or fix permissions, then rerun to resume"
         ) from exc
-    return Part(name=name, rows=table.num_rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())

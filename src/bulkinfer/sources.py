@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob as _glob
 import hashlib
 import io
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,7 +24,16 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import SourceError
 
-__all__ = ["InputFile", "Shard", "detect_format", "list_inputs", "plan_shards", "read_shard"]
+__all__ = [
+    "InputFile",
+    "Shard",
+    "check_columns_somewhere",
+    "detect_format",
+    "input_columns",
+    "list_inputs",
+    "plan_shards",
+    "read_shard",
+]
 
 _EXTENSIONS = {
     ".parquet": "parquet",
@@ -49,7 +59,11 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows ``[start, stop)`` of one input file; ``offset``/``end`` are byte bounds for JSONL."""
+    """Rows ``[start, stop)`` of one input file.
+
+    For JSONL, ``offset``/``end`` are the byte bounds of the planned shard and ``base`` the
+    row number at ``offset``; a resumed tail of a shard keeps them and moves ``start``.
+    """
 
     index: int
     uri: str
@@ -58,6 +72,7 @@ class Shard:
     stop: int
     offset: int | None = None
     end: int | None = None
+    base: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -222,8 +237,41 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:
         if f.size == 0:
             continue
         for start, stop, off, end in _PLANNERS[f.format](f, shard_rows):
-            shards.append(Shard(len(shards), f.uri, f.format, start, stop, off, end))
+            base = start if off is not None else None
+            shards.append(Shard(len(shards), f.uri, f.format, start, stop, off, end, base))
     return shards
+
+
+def input_columns(f: InputFile) -> list[str]:
+    """Column names of a file, read cheaply (Parquet footer, CSV header, first JSONL line)."""
+    fs, path = _fs(f.uri)
+    try:
+        if f.format == "parquet":
+            return list(pq.read_schema(_open_local_or_fs(f.uri)).names)
+        if f.format == "csv":
+            return list(_csv_reader(f.uri).schema.names)
+        with fs.open(path, "rb") as fh:
+            for line in fh:
+                if line.strip():
+                    first = json.loads(line)
+                    return list(first) if isinstance(first, dict) else []
+    except (pa.ArrowInvalid, OSError, ValueError, SourceError):
+        return []
+    return []
+
+
+def check_columns_somewhere(files: Sequence[InputFile], columns: Sequence[str]) -> None:
+    """Refuse up front when a needed column is in none of the files (a config mistake, not bad data)."""
+    if not files:
+        return
+    seen: dict[str, list[str]] = {f.uri: input_columns(f) for f in files}
+    for col in columns:
+        if not any(col in names for names in seen.values()):
+            example = next((names for names in seen.values() if names), [])
+            raise SourceError(
+                f"column {col!r} not found in any of the {len(files)} input file(s); "
+                f"they have {', '.join(example) or 'no readable columns'}"
+            )
 
 
 def _check_columns(uri: str, schema: pa.Schema, columns: Sequence[str]) -> None:
@@ -269,7 +317,8 @@ def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterat
     except pa.ArrowInvalid as exc:
         raise SourceError(f"{shard.uri}: invalid JSON in rows {shard.start}-{shard.stop} ({exc})") from exc
     _check_columns(shard.uri, table.schema, columns)
-    table = table.select(list(columns)).slice(0, shard.num_rows)
+    skip = shard.start - (shard.base if shard.base is not None else shard.start)
+    table = table.select(list(columns)).slice(skip, shard.num_rows)
     yield from table.to_batches(max_chunksize=batch_rows)
 
 

@@ -63,7 +63,10 @@ def test_help_lists_every_config_field():
         (["--set", "runtime.batch_size=0"], "runtime.batch_size: Input should be greater than or equal to 1"),
         (["-i", "missing/*.parquet"], "missing/*.parquet: the pattern matches no file"),
         (["-m", "nope.joblib"], "model 'nope.joblib': no such file"),
-        (["--set", "source.id_column='ident'"], "column 'ident' not found; the file has id, x1, x2, x3, segment"),
+        (
+            ["--set", "source.id_column='ident'"],
+            "column 'ident' not found in any of the 1 input file(s); they have id, x1, x2, x3, segment",
+        ),
     ],
 )
 def test_user_mistakes_are_one_line_errors(job, args, needle):

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.batching import plan_batches, restore_order
+from bulkinfer.batching import bisect_call, plan_batches, restore_order
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=400)
 
@@ -31,7 +31,9 @@ def test_every_row_once_budget_respected_and_order_restored(lengths, max_rows, m
             assert len({int(i) // window for i in b}) == 1
     # outputs computed per batch, scattered back, equal the input order
     outputs = np.concatenate([np.asarray(b) * 10 for b in batches]) if batches else np.empty(0)
-    assert (outputs[restore_order(batches, n)] == np.arange(n) * 10).all()
+    rows, take = restore_order(batches)
+    assert rows.tolist() == list(range(n))
+    assert (outputs[take] == np.arange(n) * 10).all()
 
 
 @given(n=st.integers(0, 300), max_rows=st.integers(1, 50))
@@ -54,6 +56,29 @@ def test_a_row_over_the_budget_goes_alone():
     assert [sorted(int(i) for i in b) for b in batches] == [[0, 2], [1]]
 
 
-def test_restore_order_refuses_incomplete_cover():
+def test_restore_order_allows_missing_rows_refuses_duplicates():
+    rows, take = restore_order([np.array([4, 0]), np.array([2])])
+    assert rows.tolist() == [0, 2, 4] and take.tolist() == [1, 2, 0]
     with pytest.raises(ValueError):
-        restore_order([np.array([0, 1])], 3)
+        restore_order([np.array([0, 1]), np.array([1])])
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 200), bad=st.sets(st.integers(0, 199), max_size=20))
+def test_bisect_call_isolates_exactly_the_bad_rows(n, bad):
+    bad = {b for b in bad if b < n}
+    calls = []
+
+    def call(idx):
+        calls.append(len(idx))
+        if bad & set(idx.tolist()):
+            raise ValueError("bad row")
+        return idx * 2
+
+    done, failed = bisect_call(np.arange(n), call)
+    assert sorted(r for r, _e in failed) == sorted(bad)
+    good = np.concatenate([i for i, _r in done]) if done else np.empty(0, dtype=np.int64)
+    assert sorted(good.tolist()) == sorted(set(range(n)) - bad)
+    assert all((r == i * 2).all() for i, r in done)
+    if len(bad) == 1 and n > 1:  # about log2(n) extra calls for one bad row
+        assert len(calls) <= 2 * int(np.ceil(np.log2(n))) + 1

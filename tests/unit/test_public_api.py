@@ -7,6 +7,7 @@ def test_public_names_are_pinned():
             "Adapter",
             "BulkinferError",
             "ConfigError",
+            "ErrorBudgetExceeded",
             "Interrupted",
             "JobConfig",
             "JobMismatchError",

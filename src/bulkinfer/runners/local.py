@@ -11,6 +11,11 @@
 Reading and tokenizing the next batches overlap with inference on the current one, and
 memory is bounded by the queue depths, ``runtime.sort_window`` and ``source.shard_rows``,
 never by the size of the input.
+
+Rows that make the adapter raise are isolated by bisection and become error records;
+every other row is written. A shard that cannot be read becomes one error record for its
+rows. When ``stop`` is set (SIGTERM), the windows of the current shard that are complete
+are handed to the writer as a partial shard, so a resume continues from that row.
 """
 
 from __future__ import annotations
@@ -20,51 +25,79 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..adapters import Adapter, to_arrow_column
-from ..batching import plan_batches, restore_order
+from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
-from ..errors import BulkinferError, Interrupted, ModelError
+from ..errors import BulkinferError, ModelError, SourceError
 from ..report import RunStats
 from ..sources import Shard, read_shard
 
-__all__ = ["LocalRunner", "ShardOutput"]
+__all__ = ["LocalRunner", "ShardOutput", "error_record"]
 
 _STOP = object()
-_INTERRUPTED = "interrupted by a signal; committed shards are kept, rerun the same command to resume"
+
+
+def error_record(
+    shard: Shard, row: int, stage: str, exc: BaseException | str, *, row_id: Any = None, rows: int = 1
+) -> dict[str, Any]:
+    """One line of ``_errors/``: where the row came from and why it failed."""
+    if isinstance(exc, BaseException):
+        etype, message = type(exc).__name__, str(exc)
+    else:
+        etype, message = "Error", exc
+    return {
+        "input": shard.uri,
+        "row": row,
+        "rows": rows,
+        "id": row_id,
+        "stage": stage,
+        "error_type": etype,
+        "message": " ".join(message.split())[:2000],
+    }
+
+
+def _is_oom(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return isinstance(exc, MemoryError) or "OutOfMemory" in name or "Failed to allocate" in str(exc)
 
 
 @dataclass
 class ShardOutput:
-    """All rows of one shard, in input order, ready to be written."""
+    """The rows of ``shard`` (which may be a prefix of a planned shard), in input order."""
 
     shard: Shard
     table: pa.Table
+    errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
 class _Batch:
     shard: int
-    indices: np.ndarray
+    rows: np.ndarray  # positions in the window
+    feature_idx: np.ndarray  # positions in the window's features (what ``select`` takes)
     payload: Any
+    features: Any
 
 
 @dataclass
 class _WindowEnd:
-    shard: int
+    shard: Shard
+    start: int
     passthrough: pa.Table
-    n_rows: int
-    batches: list[np.ndarray]
+    errors: list[dict[str, Any]]
 
 
 @dataclass
 class _ShardEnd:
     shard: Shard
+    failed_from: int | None = None
+    error: BaseException | None = None
 
 
 @dataclass
@@ -74,8 +107,12 @@ class _Failure:
 
 @dataclass
 class _ShardState:
+    shard: Shard
+    done_rows: int = 0
     windows: list[pa.Table] = field(default_factory=list)
-    outputs: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
+    batch_errors: list[tuple[int, BaseException]] = field(default_factory=list)
 
 
 class LocalRunner:
@@ -87,6 +124,7 @@ class LocalRunner:
         self.stats = stats
         self.stop = stop
         self._halt = threading.Event()
+        self.batch_size = cfg.runtime.batch_size
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
@@ -111,29 +149,58 @@ class LocalRunner:
         if rows:
             yield pa.Table.from_batches(pending, schema=pending[0].schema)
 
+    def _row_id(self, table: pa.Table, pos: int) -> Any:
+        col = self.cfg.source.id_column
+        return table.column(col)[pos].as_py() if col and col in table.column_names else None
+
+    def _preprocess(self, shard: Shard, start: int, table: pa.Table) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+        """Features of the window's good rows, their positions, and error records for the bad ones."""
+        positions = np.arange(table.num_rows)
+        try:
+            return self.adapter.preprocess(table), positions, []
+        except BulkinferError:
+            raise
+        except Exception:
+            pass
+        _ok, failed = bisect_call(positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))))
+        bad = {row for row, _exc in failed}
+        errors = [error_record(shard, start + r, "preprocess", exc, row_id=self._row_id(table, r)) for r, exc in failed]
+        good = np.array([p for p in positions if p not in bad], dtype=np.int64)
+        if len(good) == 0:
+            return None, good, errors
+        return self.adapter.preprocess(table.take(pa.array(good))), good, errors
+
     def _produce(self, shards: Sequence[Shard], q: queue.Queue[Any]) -> None:
         rt = self.cfg.runtime
         try:
             for shard in shards:
-                for table in self._windows(shard):
-                    if self.stop.is_set() or self._halt.is_set():
-                        return
-                    t0 = time.perf_counter()
-                    features = self.adapter.preprocess(table)
-                    costs = self.adapter.cost(features)
-                    batches = plan_batches(costs, table.num_rows, rt.batch_size, rt.max_tokens)
-                    items = []
-                    for idx in batches:
-                        items.append(_Batch(shard.index, idx, self.adapter.select(features, idx)))
-                        if costs is not None:
-                            lens = [costs[i] for i in idx]
-                            self.stats.add_batch(len(idx), sum(lens), max(lens) * len(idx))
-                        else:
-                            self.stats.add_batch(len(idx))
-                    self.stats.add_time("preprocess", time.perf_counter() - t0)
-                    for item in items:
-                        q.put(item)
-                    q.put(_WindowEnd(shard.index, table.select(self.passthrough), table.num_rows, batches))
+                start = shard.start
+                try:
+                    for table in self._windows(shard):
+                        if self.stop.is_set() or self._halt.is_set():
+                            return
+                        t0 = time.perf_counter()
+                        features, good, errors = self._preprocess(shard, start, table)
+                        items = []
+                        if len(good):
+                            costs = self.adapter.cost(features)
+                            for idx in plan_batches(costs, len(good), self.batch_size, rt.max_tokens):
+                                items.append(
+                                    _Batch(shard.index, good[idx], idx, self.adapter.select(features, idx), features)
+                                )
+                                if costs is not None:
+                                    lens = [costs[i] for i in idx]
+                                    self.stats.add_batch(len(idx), sum(lens), max(lens) * len(idx))
+                                else:
+                                    self.stats.add_batch(len(idx))
+                        self.stats.add_time("preprocess", time.perf_counter() - t0)
+                        for item in items:
+                            q.put(item)
+                        q.put(_WindowEnd(shard, start, table.select(self.passthrough), errors))
+                        start += table.num_rows
+                except SourceError as exc:
+                    q.put(_ShardEnd(shard, failed_from=start, error=exc))
+                    continue
                 q.put(_ShardEnd(shard))
         except BaseException as exc:  # handed to the calling thread, which raises it
             q.put(_Failure(exc))
@@ -141,47 +208,88 @@ class LocalRunner:
             q.put(_STOP)
 
     # -- inference -------------------------------------------------------------
-    def _predict(self, item: _Batch) -> dict[str, pa.Array]:
-        t0 = time.perf_counter()
-        try:
-            columns = self.adapter.postprocess(self.adapter.predict(item.payload))
-        except BulkinferError:
-            raise
-        except Exception as exc:
-            raise ModelError(
-                f"model call failed on a batch of {len(item.indices)} rows of shard "
-                f"{item.shard} ({type(exc).__name__}: {exc})"
-            ) from exc
+    def _call(self, item: _Batch, feature_idx: np.ndarray | None) -> dict[str, pa.Array]:
+        payload = item.payload if feature_idx is None else self.adapter.select(item.features, feature_idx)
+        columns = self.adapter.postprocess(self.adapter.predict(payload))
+        n = len(item.rows) if feature_idx is None else len(feature_idx)
         out = {name: to_arrow_column(values, name) for name, values in columns.items()}
         for name, arr in out.items():
-            if len(arr) != len(item.indices):
-                raise ModelError(f"output {name!r} has {len(arr)} values for a batch of {len(item.indices)} rows")
-        self.stats.add_time("infer", time.perf_counter() - t0)
+            if len(arr) != n:
+                raise ModelError(
+                    f"output {name!r} has {len(arr)} values for a batch of {n} rows; "
+                    "an adapter must return one value per row"
+                )
         return out
 
-    def _assemble(self, state: _ShardState, end: _WindowEnd) -> pa.Table:
-        parts = state.outputs
-        state.outputs = []
-        names = list(parts[0][1]) if parts else []
+    def _shrink(self, part: np.ndarray, exc: BaseException) -> None:
+        """After an out-of-memory error, later batches are at most half the failed one."""
+        if _is_oom(exc):
+            self.batch_size = max(1, min(self.batch_size, len(part)) // 2)
+
+    def _predict(self, item: _Batch, state: _ShardState) -> None:
+        t0 = time.perf_counter()
+        try:
+            try:
+                state.pieces.append((item.rows, self._call(item, None)))
+                return
+            except BulkinferError:
+                raise
+            except Exception as exc:
+                self._shrink(item.feature_idx, exc)
+            # isolate the rows that fail: bisect over the batch, the rest is written
+            to_row = dict(zip(item.feature_idx.tolist(), item.rows.tolist(), strict=True))
+            done, failed = bisect_call(item.feature_idx, lambda idx: self._call(item, idx), self._shrink)
+            for idx, cols in done:
+                state.pieces.append((np.array([to_row[int(i)] for i in idx], dtype=np.int64), cols))
+            for feature_row, err in failed:
+                if isinstance(err, BulkinferError):
+                    raise err
+                state.batch_errors.append((to_row[feature_row], err))
+        finally:
+            self.stats.add_time("infer", time.perf_counter() - t0)
+
+    def _assemble(self, state: _ShardState, end: _WindowEnd) -> None:
+        pieces, state.pieces = state.pieces, []
+        batch_errors, state.batch_errors = state.batch_errors, []
+        state.errors.extend(end.errors)
+        for pos, exc in batch_errors:
+            state.errors.append(
+                error_record(end.shard, end.start + pos, "predict", exc, row_id=self._row_id(end.passthrough, pos))
+            )
+        rows, take = restore_order([p[0] for p in pieces])
+        names = list(pieces[0][1]) if pieces else []
         clash = [n for n in names if n in end.passthrough.column_names]
         if clash:
             raise ModelError(
                 f"output column {clash[0]!r} clashes with a kept input column; drop it from sink.keep_columns"
             )
-        order = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dtype=np.int64)
-        table = end.passthrough
         if self.cfg.sink.preserve_order:
-            inverse = restore_order([p[0] for p in parts], end.n_rows)
+            keep, order = rows, pa.array(take)
         else:
-            inverse = np.arange(end.n_rows)
-            table = table.take(pa.array(order))
+            keep = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, dtype=np.int64)
+            order = None
+        arrays = [col.take(pa.array(keep)) for col in end.passthrough.columns]
         for name in names:
-            col = pa.concat_arrays([p[1][name] for p in parts]).take(pa.array(inverse))
-            table = table.append_column(name, col)
-        return table
+            col = pa.concat_arrays([p[1][name] for p in pieces])
+            arrays.append(col if order is None else col.take(order))
+        table = pa.Table.from_arrays(arrays, names=[*end.passthrough.column_names, *names])
+        if table.num_rows:
+            state.windows.append(table)
+        state.done_rows = end.start + end.passthrough.num_rows - state.shard.start
+
+    def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
+        shard = state.shard
+        if partial:
+            shard = replace(shard, stop=shard.start + state.done_rows)
+        table = pa.concat_tables(state.windows) if state.windows else pa.table({})
+        return ShardOutput(shard, table, state.errors)
 
     def run(self, shards: Sequence[Shard], emit: Callable[[ShardOutput], None]) -> None:
-        """Process ``shards``; ``emit`` is called (in the writer thread) with each finished shard."""
+        """Process ``shards``; ``emit`` is called (in the writer thread) with each finished shard.
+
+        Returns normally when every shard was emitted, or when ``stop`` was set (after
+        emitting the complete prefix of the shard in progress).
+        """
         q: queue.Queue[Any] = queue.Queue(maxsize=self.cfg.runtime.prefetch_batches)
         done: queue.Queue[Any] = queue.Queue(maxsize=2)
         writer_error: list[BaseException] = []
@@ -202,30 +310,38 @@ class LocalRunner:
         producer.start()
         writer.start()
         states: dict[int, _ShardState] = {}
+        by_index = {s.index: s for s in shards}
         try:
-            while True:
+            while not writer_error:
+                if self.stop.is_set():
+                    for state in states.values():
+                        if state.done_rows:
+                            done.put(self._finish(state, partial=True))
+                    break
                 t0 = time.perf_counter()
-                item = q.get()
-                self.stats.wait_for_input_s += time.perf_counter() - t0
+                try:
+                    item = q.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                finally:
+                    self.stats.wait_for_input_s += time.perf_counter() - t0
                 if item is _STOP:
                     break
                 if isinstance(item, _Failure):
                     raise item.error
-                if writer_error:
-                    raise writer_error[0]
-                if self.stop.is_set():
-                    raise Interrupted(_INTERRUPTED)
+                key = item.shard if isinstance(item, _Batch) else item.shard.index
+                state = states.setdefault(key, _ShardState(by_index[key]))
                 if isinstance(item, _Batch):
-                    states.setdefault(item.shard, _ShardState()).outputs.append((item.indices, self._predict(item)))
+                    self._predict(item, state)
                 elif isinstance(item, _WindowEnd):
-                    state = states.setdefault(item.shard, _ShardState())
-                    state.windows.append(self._assemble(state, item))
+                    self._assemble(state, item)
                 elif isinstance(item, _ShardEnd):
-                    state = states.pop(item.shard.index, _ShardState())
-                    table = pa.concat_tables(state.windows) if state.windows else pa.table({})
-                    done.put(ShardOutput(item.shard, table))
-            if self.stop.is_set():
-                raise Interrupted(_INTERRUPTED)
+                    del states[key]
+                    if item.error is not None:
+                        assert item.failed_from is not None
+                        n = item.shard.stop - item.failed_from
+                        state.errors.append(error_record(item.shard, item.failed_from, "read", item.error, rows=n))
+                    done.put(self._finish(state))
         finally:
             self._halt.set()
             _drain(q, producer)

@@ -1,0 +1,97 @@
+"""Turn a finished shard into committed files: error records, then the part, then the
+ledger line, and keep the error budget.
+
+Order matters: ``_errors/part-….jsonl`` and ``part-….parquet`` are each written to a
+hidden temp file and renamed; only the ledger line, appended last, makes them count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import ErrorBudgetExceeded
+from .faults import crash_point
+from .ledger import ERRORS, Commit, Ledger
+from .sinks import part_name, write_bytes, write_part
+
+if TYPE_CHECKING:
+    from .config import JobConfig
+    from .report import RunStats
+    from .runners import ShardOutput
+    from .sources import Shard
+
+__all__ = ["Committer", "remaining_work"]
+
+
+def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
+    """The row ranges of ``planned`` that no commit covers, as shards (tails keep their index)."""
+    from dataclasses import replace
+
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for c in commits:
+        covered.setdefault(c.shard, []).append((c.start, c.stop))
+    todo = []
+    for shard in planned:
+        pos = shard.start
+        for start, stop in sorted(covered.get(shard.index, [])):
+            if start > pos:
+                todo.append(replace(shard, start=pos, stop=start))
+            pos = max(pos, stop)
+        if pos < shard.stop:
+            todo.append(replace(shard, start=pos))
+    return todo
+
+
+@dataclass
+class Committer:
+    """Commits shard outputs for one run; raises once the error budget is spent."""
+
+    cfg: JobConfig
+    ledger: Ledger
+    stats: RunStats
+    planned_starts: dict[int, int]
+    failed_before: int
+    on_commit: Callable[[], None] = lambda: None
+    first_error: str | None = None
+
+    @property
+    def budget(self) -> int:
+        ex = self.cfg.execution
+        by_rate = int(ex.max_error_rate * self.stats.rows_planned)
+        return by_rate if ex.max_errors is None else min(by_rate, ex.max_errors)
+
+    def __call__(self, out: ShardOutput) -> None:
+        shard, fmt = out.shard, self.cfg.sink.format
+        start = None if shard.start == self.planned_starts[shard.index] else shard.start
+        failed = sum(int(e.get("rows", 1)) for e in out.errors)
+        error_file = None
+        if out.errors and self.first_error is None:
+            e = out.errors[0]
+            self.first_error = f"{e['input']} row {e['row']}: {e['error_type']}: {e['message']}"[:300]
+        if out.errors:
+            self.ledger.errors_dir.mkdir(exist_ok=True)
+            error_file = part_name(shard.index, "jsonl", start)
+            data = "".join(json.dumps(e, default=str) + "\n" for e in out.errors).encode()
+            write_bytes(self.ledger.errors_dir, error_file, data, len(out.errors))
+        part = None
+        if out.table.num_rows:
+            part = write_part(
+                self.ledger.out_dir, part_name(shard.index, fmt, start), out.table, fmt, self.cfg.sink.compression
+            )
+            crash_point("part-renamed")
+        self.ledger.commit(shard.index, shard.start, shard.stop, part, failed, error_file)
+        self.stats.add_rows(rows_in=shard.num_rows, rows_out=out.table.num_rows, failed=failed, shards=1)
+        self.on_commit()
+        total = self.failed_before + self.stats.rows_failed
+        if total > self.budget:
+            ex = self.cfg.execution
+            raise ErrorBudgetExceeded(
+                f"{total} rows failed, over the error budget of {self.budget} "
+                f"(execution.max_error_rate={ex.max_error_rate} of {self.stats.rows_planned} rows"
+                f"{'' if ex.max_errors is None else f', execution.max_errors={ex.max_errors}'}); "
+                f"first: {self.first_error}; see {self.ledger.out_dir / ERRORS}/, fix the cause or raise "
+                "the budget, then rerun"
+            )
