@@ -137,7 +137,11 @@ class TextEmbeddingAdapter(Adapter):
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:
         texts = table.column(self.text_column).to_pylist()
-        clean = ["" if t is None else str(t).strip() for t in texts]
+        if any(t is None for t in texts):
+            raise ValueError(f"null text in column {self.text_column!r}")
+        # a token is at least one character: longer texts are cut before tokenizing, for speed
+        limit = 64 * (self.max_seq_length or 512)
+        clean = [str(t)[:limit].strip() for t in texts]
         if self.layout.do_lower_case:
             clean = [t.lower() for t in clean]
         enc = self._tokenizer(

@@ -1,0 +1,161 @@
+"""Bad rows become error records; every other row is written; the budget stops the job."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+from helpers import read_output, tabular_table, write
+
+from bulkinfer import ErrorBudgetExceeded, load_config, run_job
+
+FLAKY = textwrap.dedent('''
+    from bulkinfer import Adapter
+
+    CALLS = []
+
+    class Picky(Adapter):
+        """Fails in predict on ids listed in options.bad_predict, in preprocess on bad_pre."""
+        input_columns = ("id", "x1")
+
+        def __init__(self, bad_predict=(), bad_pre=(), delete_on_setup=None):
+            self.bad_predict, self.bad_pre = set(bad_predict), set(bad_pre)
+            self.delete_on_setup = delete_on_setup
+
+        def setup(self, ctx):
+            if self.delete_on_setup:  # after planning, before reading
+                import os
+                os.unlink(self.delete_on_setup)
+
+        def preprocess(self, table):
+            ids = table["id"].to_pylist()
+            hit = self.bad_pre & set(ids)
+            if hit:
+                raise ValueError(f"cannot parse id {min(hit)}")
+            return table
+
+        def predict(self, batch):
+            CALLS.append(batch.num_rows)
+            ids = batch["id"].to_pylist()
+            hit = self.bad_predict & set(ids)
+            if hit:
+                raise RuntimeError(f"model blew up on id {min(hit)}")
+            return {"y": [x * 10 for x in batch["x1"].to_pylist()]}
+''')
+
+
+@pytest.fixture()
+def flaky(tmp_path, monkeypatch):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield __import__("flaky")
+    sys.modules.pop("flaky", None)
+
+
+def _cfg(tmp_path, **extra):
+    base = {
+        "source.paths": [str(tmp_path / "in.parquet")],
+        "model.name": "flaky:Picky",
+        "source.id_column": "id",
+        "sink.path": str(tmp_path / "out"),
+        "source.shard_rows": 250,
+        "runtime.batch_size": 64,
+        "execution.progress": "none",
+        "execution.max_error_rate": 0.01,
+    }
+    return load_config(overrides={**base, **extra})
+
+
+def _errors(out):
+    return [json.loads(line) for f in sorted((out / "_errors").iterdir()) for line in f.read_text().splitlines()]
+
+
+def test_bad_rows_are_isolated_and_recorded(tmp_path, flaky):
+    t = tabular_table(1000)
+    write(t, tmp_path / "in.parquet", row_group_size=250)
+    result = run_job(_cfg(tmp_path, **{"model.options": {"bad_predict": [7, 600], "bad_pre": [321]}}))
+    out = read_output(tmp_path / "out")
+    expect_ids = [i for i in range(1000) if i not in (7, 321, 600)]
+    assert out["id"].to_pylist() == expect_ids
+    assert out["y"].to_pylist() == pytest.approx([t["x1"][i].as_py() * 10 for i in expect_ids])
+    errs = sorted(_errors(tmp_path / "out"), key=lambda e: e["row"])
+    assert [(e["row"], e["id"], e["stage"], e["error_type"]) for e in errs] == [
+        (7, 7, "predict", "RuntimeError"),
+        (321, 321, "preprocess", "ValueError"),
+        (600, 600, "predict", "RuntimeError"),
+    ]
+    assert errs[0]["input"] == str(tmp_path / "in.parquet") and errs[0]["message"] == "model blew up on id 7"
+    assert result.report["rows_failed"] == 3 and result.report["rows_out"] == 997
+    # each bad row costs about log2(batch) extra calls, not a call per row
+    assert len(flaky.CALLS) < 1000 / 64 + 2 * 2 * 7
+    manifest = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
+    assert manifest["rows"] == 997 and manifest["rows_failed"] == 3
+    assert manifest["error_files"] == [
+        "_errors/part-00000.jsonl",
+        "_errors/part-00001.jsonl",
+        "_errors/part-00002.jsonl",
+    ]
+
+
+def test_budget_exceeded_stops_with_the_figures_and_keeps_commits(tmp_path, flaky):
+    write(tabular_table(1000), tmp_path / "in.parquet", row_group_size=250)
+    bad = list(range(300, 320))
+    cfg = _cfg(tmp_path, **{"model.options": {"bad_predict": bad}, "execution.max_errors": 5})
+    with pytest.raises(ErrorBudgetExceeded) as err:
+        run_job(cfg)
+    msg = str(err.value)
+    assert "20 rows failed, over the error budget of 5" in msg and "execution.max_errors=5" in msg
+    assert "_errors" in msg and "model blew up on id 300" in msg
+    # the first shard and the one with the errors are committed; a rerun refuses at once
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [i for i in range(500) if i not in bad]
+    with pytest.raises(ErrorBudgetExceeded, match="20 rows already failed"):
+        run_job(cfg)
+    raised = _cfg(
+        tmp_path,
+        **{"model.options": {"bad_predict": bad}, "execution.max_errors": 50, "execution.max_error_rate": 0.05},
+    )
+    assert run_job(raised).report["rows_out"] == 500
+
+
+def test_null_and_odd_texts(tmp_path, minilm_path):
+    texts = ["fine text", None, "", "   ", "x" * 200_000]
+    write(pa.table({"id": list(range(5)), "t": texts}), tmp_path / "in.parquet")
+    cfg = load_config(
+        overrides={
+            "source.paths": [str(tmp_path / "in.parquet")],
+            "model.name": str(minilm_path),
+            "model.text_column": "t",
+            "source.id_column": "id",
+            "sink.path": str(tmp_path / "out"),
+            "execution.progress": "none",
+            "execution.max_errors": 1,
+            "execution.max_error_rate": 1.0,
+        }
+    )
+    run_job(cfg)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [0, 2, 3, 4]
+    (err,) = _errors(tmp_path / "out")
+    assert (err["row"], err["id"], err["stage"]) == (1, 1, "preprocess") and "null" in err["message"]
+
+
+def test_file_vanishing_after_planning_becomes_error_records(tmp_path, flaky):
+    write(tabular_table(300), tmp_path / "in" / "a.parquet")
+    write(tabular_table(300, start=300), tmp_path / "in" / "b.parquet")
+    cfg = _cfg(
+        tmp_path,
+        **{
+            "source.paths": [str(tmp_path / "in")],
+            "execution.max_error_rate": 0.5,
+            "model.options": {"delete_on_setup": str(tmp_path / "in" / "b.parquet")},
+        },
+    )
+    result = run_job(cfg)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(300))
+    errs = _errors(tmp_path / "out")  # one record per shard of the missing file (shard_rows=250)
+    b = str(tmp_path / "in" / "b.parquet")
+    assert [(e["input"], e["row"], e["rows"], e["stage"]) for e in errs] == [(b, 0, 250, "read"), (b, 250, 50, "read")]
+    assert "disappeared after planning" in errs[0]["message"]
+    assert result.report["rows_failed"] == 300
