@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from helpers import read_output, tabular_table, write
 
 ADAPTER = textwrap.dedent("""
@@ -91,10 +92,10 @@ def _assert_final(workdir: Path, out: str) -> None:
     ]
 
 
-def _chaos(workdir: Path, seed: int) -> int:
+def _chaos(workdir: Path, seed: int) -> None:
     rng = random.Random(seed)
     out = f"chaos{seed}"
-    for kills in range(40):
+    for _attempt in range(40):
         proc = _popen(workdir, out)
         time.sleep(rng.uniform(0.2, 2.0))
         if proc.poll() is not None:
@@ -108,7 +109,6 @@ def _chaos(workdir: Path, seed: int) -> int:
     else:
         pytest.fail("never finished")
     _assert_final(workdir, out)
-    return kills
 
 
 def read_output_file(p: Path) -> None:
@@ -189,7 +189,7 @@ def test_sigterm_commits_a_partial_shard_and_resume_does_only_the_rest(workdir):
     inferred = sum(int(line.split()[1]) for line in (workdir / "inferred.log").read_text().splitlines())
     assert inferred == ROWS - done  # the resume inferred only the rows after the partial commit
     assert sorted(p.name for p in (workdir / "term").iterdir() if p.name.startswith("part-")) == [
-        "part-00000-%010d.parquet" % done,
+        f"part-00000-{done:010d}.parquet",
         "part-00000.parquet",
     ]
     assert _multiset(workdir / "term") == _multiset(workdir / "clean")

@@ -8,9 +8,10 @@ import textwrap
 
 import pyarrow as pa
 import pytest
-from helpers import read_output, tabular_table, write
 
 from bulkinfer import ErrorBudgetExceeded, load_config, run_job
+
+from helpers import read_output, tabular_table, write
 
 FLAKY = textwrap.dedent('''
     from bulkinfer import Adapter
