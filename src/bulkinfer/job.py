@@ -24,7 +24,7 @@ from . import __version__
 from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
 from .committer import Committer, remaining_work
 from .config import JobConfig
-from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError
+from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError, SourceError
 from .ledger import Ledger
 from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
@@ -139,8 +139,24 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
         existing = ledger.read_job()
         if existing is not None and existing.get("fingerprint") == fingerprint:
             shards = [Shard.from_json(s) for s in existing["shards"]]
+            input_errors = existing.get("input_errors", [])
         else:
-            shards = _limit(plan_shards(inputs, cfg.source.shard_rows), cfg.execution.limit_rows)
+            problems: list[SourceError] = []
+            shards = _limit(plan_shards(inputs, cfg.source.shard_rows, problems), cfg.execution.limit_rows)
+            input_errors = [
+                {
+                    "input": str(p).split(": ", 1)[0],
+                    "row": None,
+                    "rows": 1,
+                    "id": None,
+                    "stage": "plan",
+                    "error_type": "SourceError",
+                    "message": str(p),
+                }
+                for p in problems
+            ]
+            if problems and not shards:
+                raise problems[0]
         job = {
             "fingerprint": fingerprint,
             "bulkinfer_version": __version__,
@@ -151,6 +167,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
             "inputs": input_records,
             "config": cfg.model_dump(mode="json"),
             "shards": [s.to_json() for s in shards],
+            "input_errors": input_errors,
         }
         job = ledger.begin(job, cfg.execution.overwrite)
         committed = ledger.commits()
@@ -164,9 +181,12 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
             rows_already_done=sum(c.stop - c.start for c in committed),
             shards_already_done=len(shards) - len({s.index for s in todo}),
         )
-        committer = Committer(
-            cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=sum(c.errors for c in committed)
-        )
+        if input_errors:
+            ledger.write_input_errors(input_errors)
+            for e in input_errors:
+                log.warning("skipped %s", e["message"])
+        failed_before = sum(c.errors for c in committed) + len(input_errors)
+        committer = Committer(cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=failed_before)
         status = "complete"
         try:
             if committer.failed_before > committer.budget:
@@ -186,7 +206,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
             stats.finished = time.perf_counter()
             report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind)
         if status == "complete":
-            _write_success(ledger, fingerprint)
+            _write_success(ledger, fingerprint, len(input_errors))
         return RunResult(out_dir, status, report)
     finally:
         ledger.release()
@@ -237,7 +257,7 @@ def _write_report(
     return report
 
 
-def _write_success(ledger: Ledger, fingerprint: str) -> None:
+def _write_success(ledger: Ledger, fingerprint: str, input_errors: int) -> None:
     commits = sorted(ledger.commits(), key=lambda c: (c.shard, c.start))
     ledger.write_success(
         {
@@ -245,7 +265,9 @@ def _write_success(ledger: Ledger, fingerprint: str) -> None:
             "completed": time.time(),
             "rows": sum(c.rows for c in commits),
             "rows_failed": sum(c.errors for c in commits),
-            "error_files": [f"_errors/{c.error_file}" for c in commits if c.error_file],
+            "inputs_failed": input_errors,
+            "error_files": [f"_errors/{c.error_file}" for c in commits if c.error_file]
+            + (["_errors/inputs.jsonl"] if input_errors else []),
             "files": [
                 {
                     "name": c.file,

@@ -240,6 +240,11 @@ class Ledger:
                     removed.append(f"{ERRORS}/{p.name}")
         return removed
 
+    def write_input_errors(self, records: list[dict[str, Any]]) -> None:
+        """``_errors/inputs.jsonl``: the input files that could not be planned (part of the plan)."""
+        self.errors_dir.mkdir(exist_ok=True)
+        _write_atomic(self.errors_dir / "inputs.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+
     def write_success(self, manifest: Mapping[str, Any]) -> None:
         _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
 

@@ -131,9 +131,9 @@ def _expand(pattern: str) -> list[str]:
 
 def _fingerprint(uri: str, fmt: str) -> InputFile:
     fs, path = _fs(uri)
+    info = fs.info(path)
+    size = int(info.get("size") or 0)
     try:
-        info = fs.info(path)
-        size = int(info.get("size") or 0)
         version = str(
             info.get("ETag")
             or info.get("etag")
@@ -148,8 +148,8 @@ def _fingerprint(uri: str, fmt: str) -> InputFile:
             if size > _HASH_BYTES:
                 f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
                 h.update(f.read(_HASH_BYTES))
-    except OSError as exc:
-        raise SourceError(f"{uri}: cannot read the file ({exc.strerror or exc}); check its permissions") from exc
+    except OSError as exc:  # planning reports it as a problem of this file; the job goes on with the others
+        return InputFile(uri=uri, format=fmt, size=size, version=version, digest=f"unreadable: {exc.strerror or exc}")
     return InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
 
 
@@ -230,13 +230,30 @@ def _plan_csv(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None,
 _PLANNERS = {"parquet": _plan_parquet, "jsonl": _plan_jsonl, "csv": _plan_csv}
 
 
-def plan_shards(files: Sequence[InputFile], shard_rows: int) -> list[Shard]:
-    """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once."""
+def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[SourceError] | None = None) -> list[Shard]:
+    """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once.
+
+    A file that cannot be planned (unreadable, truncated, not the format it claims) raises
+    :class:`SourceError`, or, when ``problems`` is a list, is skipped and its error appended.
+    Empty files have no shards.
+    """
     shards: list[Shard] = []
     for f in files:
         if f.size == 0:
             continue
-        for start, stop, off, end in _PLANNERS[f.format](f, shard_rows):
+        try:
+            if f.digest.startswith("unreadable"):
+                raise SourceError(
+                    f"{f.uri}: cannot read the file ({f.digest.split(': ', 1)[-1]}); check its permissions"
+                )
+            ranges = _PLANNERS[f.format](f, shard_rows)
+        except (SourceError, OSError) as exc:
+            err = exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})")
+            if problems is None:
+                raise err from exc
+            problems.append(err)
+            continue
+        for start, stop, off, end in ranges:
             base = start if off is not None else None
             shards.append(Shard(len(shards), f.uri, f.format, start, stop, off, end, base))
     return shards

@@ -160,3 +160,28 @@ def test_file_vanishing_after_planning_becomes_error_records(tmp_path, flaky):
     assert [(e["input"], e["row"], e["rows"], e["stage"]) for e in errs] == [(b, 0, 250, "read"), (b, 250, 50, "read")]
     assert "disappeared after planning" in errs[0]["message"]
     assert result.report["rows_failed"] == 300
+
+
+def test_bad_files_are_skipped_with_one_record_each(tmp_path, flaky):
+    d = tmp_path / "in"
+    write(tabular_table(200), d / "a_good.parquet")
+    data = (write(tabular_table(200, start=200), d / "b_truncated.parquet")).read_bytes()
+    (d / "b_truncated.parquet").write_bytes(data[: len(data) // 2])
+    (d / "c_empty.csv").write_bytes(b"")
+    write(tabular_table(0), d / "d_zero_rows.parquet")
+    write(tabular_table(100, start=500).drop_columns(["x1"]), d / "e_no_x1.parquet")
+    (d / "f_garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    cfg = _cfg(tmp_path, **{"source.paths": [str(d)], "execution.max_error_rate": 1.0, "execution.max_errors": 200})
+    result = run_job(cfg)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(200))
+    plan_errors = [json.loads(x) for x in (tmp_path / "out" / "_errors" / "inputs.jsonl").read_text().splitlines()]
+    assert [(e["input"], e["stage"]) for e in plan_errors] == [
+        (str(d / "b_truncated.parquet"), "plan"), (str(d / "f_garbage.parquet"), "plan")]
+    assert all("not a readable Parquet file" in e["message"] for e in plan_errors)
+    shard_errors = [e for e in _errors(tmp_path / "out") if e["stage"] != "plan"]
+    assert [(e["input"], e["row"], e["rows"], e["stage"]) for e in shard_errors] == [
+        (str(d / "e_no_x1.parquet"), 0, 100, "read")]
+    assert "column 'x1' not found" in shard_errors[0]["message"]
+    manifest = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
+    assert (manifest["rows"], manifest["rows_failed"], manifest["inputs_failed"]) == (200, 100, 2)
+    assert result.report["rows_out"] == 200
