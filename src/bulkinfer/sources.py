@@ -11,11 +11,13 @@ import glob as _glob
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
@@ -25,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 from .errors import SourceError
 
 __all__ = [
+    "ROW",
     "InputFile",
     "Shard",
     "check_columns_somewhere",
@@ -214,7 +217,7 @@ def _csv_reader(uri: str, skip: int = 0, block_size: int | None = None) -> pacsv
     try:
         return pacsv.open_csv(fs.open(path, "rb"), read_options=opts)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise SourceError(f"{uri}: cannot parse the CSV header ({exc})") from exc
+        raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file") from exc
 
 
 def _plan_csv(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
@@ -297,7 +300,17 @@ def _check_columns(uri: str, schema: pa.Schema, columns: Sequence[str]) -> None:
         raise SourceError(f"{uri}: column {missing[0]!r} not found; the file has {', '.join(schema.names)}")
 
 
-def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+ROW = "__bulkinfer_row"
+"""Name of the column ``read_shard`` adds: each row's number in its file (errors and resume use it)."""
+
+BadRow = Callable[[int, str], None]
+
+
+def _numbered(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
+    return batch.append_column(ROW, pa.array(rows, type=pa.int64()))
+
+
+def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
     pf = pq.ParquetFile(_open_local_or_fs(shard.uri))
     _check_columns(shard.uri, pf.schema_arrow, columns)
     meta = pf.metadata
@@ -323,7 +336,51 @@ def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iter
             return
 
 
-def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _jsonl_slow(shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow) -> tuple[pa.Table, np.ndarray]:
+    """Line by line: invalid JSON, non-object lines and values of the wrong type become bad rows."""
+    base = shard.base if shard.base is not None else shard.start
+    good: list[dict[str, Any]] = []
+    rows: list[int] = []
+    n = base
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        row, n = n, n + 1
+        if not shard.start <= row < shard.stop:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            bad(row, f"invalid JSON ({exc})")
+            continue
+        if not isinstance(obj, dict):
+            bad(row, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        missing = [c for c in columns if c not in obj]
+        if missing:
+            bad(row, f"missing field {missing[0]!r}")
+            continue
+        good.append(obj)
+        rows.append(row)
+    arrays = []
+    keep = np.ones(len(good), dtype=bool)
+    for col in columns:
+        values = [g[col] for g in good]
+        kinds = Counter(type(v).__name__ for v in values if v is not None)
+        if len(kinds) > 1 and not set(kinds) <= {"int", "float"}:
+            major = kinds.most_common(1)[0][0]
+            for i, v in enumerate(values):
+                if v is not None and type(v).__name__ != major and keep[i]:
+                    keep[i] = False
+                    bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {major}")
+    good = [g for g, k in zip(good, keep, strict=True) if k]
+    kept_rows = np.array(rows, dtype=np.int64)[keep]
+    for col in columns:
+        arrays.append(pa.array([g[col] for g in good]))
+    return pa.Table.from_arrays(arrays, names=list(columns)), kept_rows
+
+
+def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
     fs, path = _fs(shard.uri)
     assert shard.offset is not None and shard.end is not None
     with fs.open(path, "rb") as fh:
@@ -331,15 +388,19 @@ def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterat
         data = fh.read(shard.end - shard.offset)
     try:
         table = pajson.read_json(io.BytesIO(data))
-    except pa.ArrowInvalid as exc:
-        raise SourceError(f"{shard.uri}: invalid JSON in rows {shard.start}-{shard.stop} ({exc})") from exc
-    _check_columns(shard.uri, table.schema, columns)
+        _check_columns(shard.uri, table.schema, columns)
+    except pa.ArrowInvalid:
+        table, rows = _jsonl_slow(shard, data, columns, bad)
+        for b in table.to_batches(max_chunksize=batch_rows):
+            yield _numbered(b, rows[: b.num_rows])
+            rows = rows[b.num_rows :]
+        return
     skip = shard.start - (shard.base if shard.base is not None else shard.start)
     table = table.select(list(columns)).slice(skip, shard.num_rows)
     yield from table.to_batches(max_chunksize=batch_rows)
 
 
-def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
     reader = _csv_reader(shard.uri, skip=shard.start)
     _check_columns(shard.uri, reader.schema, columns)
     remaining = shard.num_rows
@@ -355,10 +416,28 @@ def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int) -> Iterator
 _READERS = {"parquet": _read_parquet, "jsonl": _read_jsonl, "csv": _read_csv}
 
 
-def read_shard(shard: Shard, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
-    """Yield the shard's rows, in order, as record batches holding ``columns``."""
+def read_shard(
+    shard: Shard, columns: Sequence[str], batch_rows: int = 4096, on_bad_row: BadRow | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Yield the shard's rows, in order, as record batches of ``columns`` plus :data:`ROW`.
+
+    Rows that cannot be parsed (JSONL) are skipped and reported to ``on_bad_row(row, message)``;
+    without it they raise :class:`SourceError`.
+    """
+
+    def bad(row: int, message: str) -> None:
+        if on_bad_row is None:
+            raise SourceError(f"{shard.uri}: row {row}: {message}")
+        on_bad_row(row, message)
+
+    next_row = shard.start
     try:
-        yield from _READERS[shard.format](shard, columns, batch_rows)
+        for batch in _READERS[shard.format](shard, columns, batch_rows, bad):
+            if ROW not in batch.schema.names:
+                batch = _numbered(batch, np.arange(next_row, next_row + batch.num_rows))
+            if batch.num_rows:
+                next_row = int(batch.column(ROW)[-1].as_py()) + 1
+            yield batch
     except FileNotFoundError as exc:
         raise SourceError(f"{shard.uri}: the file disappeared after planning; restore it and rerun") from exc
     except (pa.ArrowInvalid, OSError) as exc:

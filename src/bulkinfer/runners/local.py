@@ -36,7 +36,7 @@ from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
 from ..report import RunStats
-from ..sources import Shard, read_shard
+from ..sources import ROW, Shard, read_shard
 
 __all__ = ["LocalRunner", "ShardOutput", "error_record"]
 
@@ -88,9 +88,10 @@ class _Batch:
 @dataclass
 class _WindowEnd:
     shard: Shard
-    start: int
+    rows: np.ndarray  # each window position's row number in the file
     passthrough: pa.Table
     errors: list[dict[str, Any]]
+    next_row: int  # the first row after this window (rows before it are done once it is assembled)
 
 
 @dataclass
@@ -130,12 +131,12 @@ class LocalRunner:
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
 
     # -- producer ------------------------------------------------------------
-    def _windows(self, shard: Shard) -> Iterator[pa.Table]:
+    def _windows(self, shard: Shard, on_bad_row: Callable[[int, str], None]) -> Iterator[pa.Table]:
         window = self.cfg.runtime.sort_window
         pending: list[pa.RecordBatch] = []
         rows = 0
         t0 = time.perf_counter()
-        for batch in read_shard(shard, self.columns, self.cfg.source.read_batch_rows):
+        for batch in read_shard(shard, self.columns, self.cfg.source.read_batch_rows, on_bad_row):
             pending.append(batch)
             rows += batch.num_rows
             while rows >= window:
@@ -153,7 +154,9 @@ class LocalRunner:
         col = self.cfg.source.id_column
         return table.column(col)[pos].as_py() if col and col in table.column_names else None
 
-    def _preprocess(self, shard: Shard, start: int, table: pa.Table) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+    def _preprocess(
+        self, shard: Shard, rows: np.ndarray, table: pa.Table
+    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
         """Features of the window's good rows, their positions, and error records for the bad ones."""
         positions = np.arange(table.num_rows)
         try:
@@ -163,45 +166,64 @@ class LocalRunner:
         except Exception:
             pass
         _ok, failed = bisect_call(positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))))
-        bad = {row for row, _exc in failed}
-        errors = [error_record(shard, start + r, "preprocess", exc, row_id=self._row_id(table, r)) for r, exc in failed]
+        bad = {pos for pos, _exc in failed}
+        errors = [
+            error_record(shard, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))
+            for pos, exc in failed
+        ]
         good = np.array([p for p in positions if p not in bad], dtype=np.int64)
         if len(good) == 0:
             return None, good, errors
         return self.adapter.preprocess(table.take(pa.array(good))), good, errors
 
+    def _batches(self, shard: Shard, table: pa.Table, features: Any, good: np.ndarray) -> list[_Batch]:
+        items: list[_Batch] = []
+        costs = self.adapter.cost(features)
+        for idx in plan_batches(costs, len(good), self.batch_size, self.cfg.runtime.max_tokens):
+            items.append(_Batch(shard.index, good[idx], idx, self.adapter.select(features, idx), features))
+            if costs is not None:
+                lens = [costs[i] for i in idx]
+                self.stats.add_batch(len(idx), sum(lens), max(lens) * len(idx))
+            else:
+                self.stats.add_batch(len(idx))
+        return items
+
+    def _produce_shard(self, shard: Shard, q: queue.Queue[Any]) -> bool:
+        """Queue the shard's batches and window ends; False when told to stop."""
+        bad_rows: list[tuple[int, str]] = []
+        next_row = shard.start
+        try:
+            for table in self._windows(shard, lambda row, msg: bad_rows.append((row, msg))):
+                if self.stop.is_set() or self._halt.is_set():
+                    return False
+                t0 = time.perf_counter()
+                rows = table.column(ROW).to_numpy()
+                last = int(rows[-1])
+                errors = [error_record(shard, r, "read", m) for r, m in bad_rows if r <= last]
+                bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
+                table = table.drop_columns([ROW])
+                features, good, pre_errors = self._preprocess(shard, rows, table)
+                items = self._batches(shard, table, features, good) if len(good) else []
+                self.stats.add_time("preprocess", time.perf_counter() - t0)
+                for item in items:
+                    q.put(item)
+                next_row = max([last, *(e["row"] for e in errors)]) + 1
+                q.put(_WindowEnd(shard, rows, table.select(self.passthrough), errors + pre_errors, next_row))
+        except SourceError as exc:
+            q.put(_ShardEnd(shard, failed_from=next_row, error=exc))
+            return True
+        if bad_rows:  # rows after the last good one
+            errors = [error_record(shard, r, "read", m) for r, m in bad_rows]
+            empty = pa.table({c: pa.array([], pa.null()) for c in self.passthrough})
+            q.put(_WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, shard.stop))
+        q.put(_ShardEnd(shard))
+        return True
+
     def _produce(self, shards: Sequence[Shard], q: queue.Queue[Any]) -> None:
-        rt = self.cfg.runtime
         try:
             for shard in shards:
-                start = shard.start
-                try:
-                    for table in self._windows(shard):
-                        if self.stop.is_set() or self._halt.is_set():
-                            return
-                        t0 = time.perf_counter()
-                        features, good, errors = self._preprocess(shard, start, table)
-                        items = []
-                        if len(good):
-                            costs = self.adapter.cost(features)
-                            for idx in plan_batches(costs, len(good), self.batch_size, rt.max_tokens):
-                                items.append(
-                                    _Batch(shard.index, good[idx], idx, self.adapter.select(features, idx), features)
-                                )
-                                if costs is not None:
-                                    lens = [costs[i] for i in idx]
-                                    self.stats.add_batch(len(idx), sum(lens), max(lens) * len(idx))
-                                else:
-                                    self.stats.add_batch(len(idx))
-                        self.stats.add_time("preprocess", time.perf_counter() - t0)
-                        for item in items:
-                            q.put(item)
-                        q.put(_WindowEnd(shard, start, table.select(self.passthrough), errors))
-                        start += table.num_rows
-                except SourceError as exc:
-                    q.put(_ShardEnd(shard, failed_from=start, error=exc))
-                    continue
-                q.put(_ShardEnd(shard))
+                if not self._produce_shard(shard, q):
+                    return
         except BaseException as exc:  # handed to the calling thread, which raises it
             q.put(_Failure(exc))
         finally:
@@ -254,7 +276,7 @@ class LocalRunner:
         state.errors.extend(end.errors)
         for pos, exc in batch_errors:
             state.errors.append(
-                error_record(end.shard, end.start + pos, "predict", exc, row_id=self._row_id(end.passthrough, pos))
+                error_record(end.shard, int(end.rows[pos]), "predict", exc, row_id=self._row_id(end.passthrough, pos))
             )
         rows, take = restore_order([p[0] for p in pieces])
         names = list(pieces[0][1]) if pieces else []
@@ -275,7 +297,7 @@ class LocalRunner:
         table = pa.Table.from_arrays(arrays, names=[*end.passthrough.column_names, *names])
         if table.num_rows:
             state.windows.append(table)
-        state.done_rows = end.start + end.passthrough.num_rows - state.shard.start
+        state.done_rows = end.next_row - state.shard.start
 
     def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
         shard = state.shard
