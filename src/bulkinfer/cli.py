@@ -82,6 +82,7 @@ def run(
         list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard a different job's output.")] = False,
+    repair: Annotated[bool, typer.Option("--repair", help="Rebuild a corrupt ledger from the files.")] = False,
     progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
 ) -> None:
@@ -102,6 +103,7 @@ def run(
         "source.shard_rows": shard_rows,
         "execution.limit_rows": limit_rows,
         "execution.overwrite": overwrite or None,
+        "execution.repair": repair or None,
         "execution.progress": progress,
     }
     from .job import run_job

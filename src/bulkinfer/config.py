@@ -107,6 +107,8 @@ class ExecutionConfig(_Section):
     """Process only the first N planned rows (a smoke test of a big job)."""
     max_error_rate: float = Field(default=0.001, ge=0, le=1)
     """Stop (exit 1) once failed rows exceed this share of the planned rows."""
+    repair: bool = False
+    """Rebuild a corrupt ledger (commits.log) from the part and error files before running."""
     max_errors: int | None = Field(default=None, ge=0)
     """Stop (exit 1) once failed rows exceed this count; None: only max_error_rate applies."""
 

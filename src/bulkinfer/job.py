@@ -26,6 +26,7 @@ from .committer import Committer, remaining_work
 from .config import JobConfig
 from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError, SourceError
 from .ledger import Ledger
+from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
 from .sources import Shard, check_columns_somewhere, list_inputs, plan_shards
@@ -170,6 +171,9 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
             "input_errors": input_errors,
         }
         job = ledger.begin(job, cfg.execution.overwrite)
+        if cfg.execution.repair:
+            rebuilt = rebuild_ledger(ledger)
+            log.info("rebuilt the ledger from %d committed file(s)", len(rebuilt))
         committed = ledger.commits()
         removed = ledger.remove_uncommitted(committed)
         if removed:

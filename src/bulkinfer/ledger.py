@@ -64,7 +64,10 @@ def _encode_line(record: Mapping[str, Any]) -> str:
 def _decode_line(line: str, where: str) -> dict[str, Any]:
     crc, _, body = line.rstrip("\n").partition(" ")
     if not body or f"{zlib.crc32(body.encode()):08x}" != crc:
-        raise LedgerError(f"{where}: checksum mismatch; the ledger is corrupt, refusing to guess what is done")
+        raise LedgerError(
+            f"{where}: checksum mismatch; the ledger is corrupt, refusing to guess what is done. "
+            "Rerun with --repair to rebuild it from the committed files"
+        )
     data: dict[str, Any] = json.loads(body)
     return data
 

@@ -229,3 +229,56 @@ def test_csv_bom_crlf_read_and_malformed_csv_skipped_whole(tmp_path, flaky):
     (plan_error,) = [json.loads(x) for x in (tmp_path / "out" / "_errors" / "inputs.jsonl").read_text().splitlines()]
     assert plan_error["input"] == str(d / "b_ragged.csv")
     assert "malformed CSV (CSV parse error: Expected 2 columns, got 3: 11,2,3)" in plan_error["message"]
+
+
+def test_out_of_memory_halves_the_batch_instead_of_failing_rows(tmp_path, monkeypatch):
+    (tmp_path / "oom.py").write_text(
+        textwrap.dedent("""
+        from bulkinfer import Adapter
+
+        class Big(Adapter):
+            input_columns = ("x1",)
+
+            def predict(self, batch):
+                if batch.num_rows > 8:
+                    raise MemoryError("cannot allocate")
+                return {"y": batch["x1"]}
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write(tabular_table(300), tmp_path / "in.parquet")
+    cfg = _cfg(
+        tmp_path,
+        **{"model.name": "oom:Big", "source.shard_rows": 100, "runtime.batch_size": 64, "runtime.sort_window": 50},
+    )
+    result = run_job(cfg)
+    sys.modules.pop("oom", None)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(300))
+    assert result.report["rows_failed"] == 0
+    sizes = {int(k.split("-")[-1]) for k in result.report["batches"]["histogram"]}
+    assert min(sizes) <= 8 < max(sizes)  # planned big at first, small once memory ran out
+
+
+def test_corrupt_ledger_is_refused_then_repaired_without_recomputing(tmp_path, flaky):
+    from bulkinfer import LedgerError
+    from bulkinfer.ledger import Ledger
+
+    write(tabular_table(300), tmp_path / "in.parquet")
+    cfg = _cfg(tmp_path, **{"model.options": {"bad_predict": [5, 150]}, "source.shard_rows": 100})
+    run_job(cfg)
+    before = Ledger(tmp_path / "out").commits()
+    log = tmp_path / "out" / "_bulkinfer" / "commits.log"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text(lines[0] + lines[1].replace('"rows":99', '"rows":98') + lines[2])
+    with pytest.raises(LedgerError, match="--repair"):
+        run_job(cfg)
+    repaired = _cfg(
+        tmp_path, **{"model.options": {"bad_predict": [5, 150]}, "source.shard_rows": 100, "execution.repair": True}
+    )
+    result = run_job(repaired)
+    assert result.report["rows_out"] == 0 and result.report["rows_already_done"] == 300
+    assert Ledger(tmp_path / "out").commits() == before
+    log.write_text("")  # a lost ledger: the files themselves are enough
+    assert run_job(repaired).report["rows_out"] == 0
+    assert Ledger(tmp_path / "out").commits() == before
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [i for i in range(300) if i not in (5, 150)]

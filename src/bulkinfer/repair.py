@@ -1,0 +1,104 @@
+"""Rebuild ``commits.log`` from the files themselves (``bulkinfer run --repair``).
+
+Every visible part covers a contiguous row range ``[start, stop)`` of one planned shard in
+which each row is either written to the part or recorded in the part's error file, so
+``stop = start + rows written + rows failed``. The shard and ``start`` come from the
+name (``part-00003.parquet`` starts where shard 3 starts, ``part-00003-0000012345.parquet``
+at row 12345). Visible parts are always complete (they appear by atomic rename), so a
+part that was renamed but never logged is adopted rather than redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from .errors import LedgerError
+from .ledger import Commit, Ledger, _encode_line, fsync_dir
+from .sources import Shard
+
+__all__ = ["rebuild_ledger"]
+
+_NAME = re.compile(r"^part-(\d{5})(?:-(\d{10}))?\.(parquet|jsonl|csv)$")
+
+
+def _rows_in(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    if path.suffix == ".csv":
+        return int(pacsv.read_csv(path).num_rows)
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def _failed_in(path: Path) -> int:
+    with path.open(encoding="utf-8") as fh:
+        return sum(int(json.loads(line).get("rows", 1)) for line in fh if line.strip())
+
+
+def rebuild_ledger(ledger: Ledger) -> list[Commit]:
+    """Write a new ``commits.log`` describing the parts and error files present; return it."""
+    job = ledger.read_job()
+    if job is None:
+        raise LedgerError(f"{ledger.out_dir}: no _bulkinfer/job.json; nothing to repair, rerun with --overwrite")
+    plan = {s["index"]: Shard.from_json(s) for s in job["shards"]}
+    found: dict[tuple[int, int], dict[str, Path]] = {}
+    candidates = [p for p in ledger.out_dir.iterdir() if p.is_file()]
+    if ledger.errors_dir.is_dir():
+        candidates += [p for p in ledger.errors_dir.iterdir() if p.is_file()]
+    for p in candidates:
+        m = _NAME.match(p.name)
+        if not m or int(m.group(1)) not in plan:
+            continue
+        index = int(m.group(1))
+        start = int(m.group(2)) if m.group(2) else plan[index].start
+        kind = "errors" if p.parent == ledger.errors_dir else "part"
+        found.setdefault((index, start), {})[kind] = p
+    commits: list[Commit] = []
+    for (index, start), files in sorted(found.items()):
+        part, errs = files.get("part"), files.get("errors")
+        rows = _rows_in(part) if part else 0
+        failed = _failed_in(errs) if errs else 0
+        stop = start + rows + failed
+        if stop > plan[index].stop:
+            raise LedgerError(
+                f"{part or errs}: covers rows up to {stop}, past the end of shard {index} "
+                f"({plan[index].stop}); remove it or rerun with --overwrite"
+            )
+        data = part.read_bytes() if part else b""
+        commits.append(
+            Commit(
+                index,
+                start,
+                stop,
+                part.name if part else "",
+                rows,
+                len(data),
+                hashlib.sha256(data).hexdigest() if part else "",
+                failed,
+                errs.name if errs else None,
+            )
+        )
+    by_shard: dict[int, int] = {}
+    for c in commits:
+        if c.start < by_shard.get(c.shard, c.start):
+            raise LedgerError(f"shard {c.shard}: parts overlap at row {c.start}; rerun with --overwrite")
+        by_shard[c.shard] = c.stop
+    if ledger.log_path.exists():
+        os.replace(ledger.log_path, ledger.log_path.with_name(f"commits.log.corrupt-{int(time.time())}"))
+    tmp = ledger.log_path.with_name(".commits.log.repair")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for c in commits:
+            fh.write(_encode_line(c.__dict__))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, ledger.log_path)
+    fsync_dir(ledger.private)
+    return commits
