@@ -227,7 +227,7 @@ def _execute(
         raise ConfigError("model: the adapter names an empty input column")
     runner = LocalRunner(cfg, adapter, stats, stop)
     with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress:
-        committer.on_commit = progress.update
+        committer.on_commit = runner.on_progress = progress.update
         with _signals(stop):
             try:
                 runner.run(todo, committer)

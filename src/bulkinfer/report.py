@@ -38,6 +38,7 @@ class RunStats:
     rows_already_done: int = 0
     rows_in: int = 0
     rows_out: int = 0
+    rows_inferred: int = 0
     rows_failed: int = 0
     shards_planned: int = 0
     shards_already_done: int = 0
@@ -165,8 +166,8 @@ class Progress:
 
     def update(self) -> None:
         s = self.stats
-        done = s.rows_already_done + s.rows_out + s.rows_failed
-        rate = s.rows_out / max(s.run_s, 1e-9)
+        done = s.rows_already_done + max(s.rows_inferred, s.rows_out + s.rows_failed)
+        rate = max(s.rows_inferred, s.rows_out) / max(s.run_s, 1e-9)
         if self._bar is not None:
             self._bar.update(self._task, completed=done, rate=f"{rate:,.0f}")
         elif self.mode == "log" and time.perf_counter() - self._last_log >= self.interval:

@@ -125,6 +125,7 @@ class LocalRunner:
         self.stats = stats
         self.stop = stop
         self._halt = threading.Event()
+        self.on_progress: Callable[[], None] = lambda: None
         self.batch_size = cfg.runtime.batch_size
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
@@ -269,6 +270,8 @@ class LocalRunner:
                 state.batch_errors.append((to_row[feature_row], err))
         finally:
             self.stats.add_time("infer", time.perf_counter() - t0)
+            self.stats.rows_inferred += len(item.rows)
+            self.on_progress()
 
     def _assemble(self, state: _ShardState, end: _WindowEnd) -> None:
         pieces, state.pieces = state.pieces, []
