@@ -78,15 +78,20 @@ def bisect_call(
     indices: np.ndarray,
     call: Callable[[np.ndarray], T],
     on_failure: Callable[[np.ndarray, BaseException], None] | None = None,
+    *,
+    known_bad: bool = False,
 ) -> tuple[list[tuple[np.ndarray, T]], list[tuple[int, BaseException]]]:
     """Call ``call(indices)``; when it raises, split in halves and retry until the failing
     rows are alone. Returns the successful (indices, result) pieces, in order, and the
     (row, exception) of every row that fails on its own. ``on_failure`` sees each failure
-    (e.g. to shrink later batches after an out-of-memory error).
+    (e.g. to shrink later batches after an out-of-memory error). ``known_bad``: the whole
+    batch already failed, so start with its halves.
     """
     done: list[tuple[np.ndarray, T]] = []
     failed: list[tuple[int, BaseException]] = []
-    stack = [np.asarray(indices)]
+    indices = np.asarray(indices)
+    mid = len(indices) // 2
+    stack = [indices[mid:], indices[:mid]] if known_bad and len(indices) > 1 else [indices]
     while stack:
         part = stack.pop()
         if len(part) == 0:

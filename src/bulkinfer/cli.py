@@ -51,6 +51,18 @@ def _setup_logging(quiet: bool) -> None:
     )
 
 
+def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
+    """The config a finished run stored, and its input files as absolute URIs."""
+    from .errors import OutputError
+    from .ledger import Ledger
+
+    job = Ledger(out).read_job()
+    if job is None:
+        raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
+    config: dict[str, Any] = job["config"]
+    return config, [f["uri"] for f in job["inputs"]]
+
+
 def _fail(exc: BulkinferError) -> typer.Exit:
     typer.echo(f"bulkinfer: error: {exc}", err=True)
     return typer.Exit(exc.exit_code)
@@ -83,6 +95,9 @@ def run(
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard a different job's output.")] = False,
     repair: Annotated[bool, typer.Option("--repair", help="Rebuild a corrupt ledger from the files.")] = False,
+    retry_errors: Annotated[
+        Path | None, typer.Option(help="Run again only the rows in OUTPUT/_errors/ (the job comes from OUTPUT).")
+    ] = None,
     progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
 ) -> None:
@@ -109,8 +124,13 @@ def run(
     from .job import run_job
 
     try:
-        cfg = load_config(config, overrides, set_)
-        result = run_job(cfg)
+        base = None
+        if retry_errors is not None:
+            base, inputs = _stored_config(retry_errors)
+            overrides["sink.path"] = str(retry_errors)
+            overrides["source.paths"] = overrides["source.paths"] or inputs
+        cfg = load_config(config, overrides, set_, base=base)
+        result = run_job(cfg, retry_errors=retry_errors is not None)
     except Interrupted as exc:
         raise _fail(exc) from None
     except BulkinferError as exc:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .errors import ErrorBudgetExceeded
 from .faults import crash_point
 from .ledger import ERRORS, Commit, Ledger
-from .sinks import part_name, write_bytes, write_part
+from .sinks import EXTENSIONS, part_name, write_bytes, write_part
 
 if TYPE_CHECKING:
     from .config import JobConfig
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .runners import ShardOutput
     from .sources import Shard
 
-__all__ = ["Committer", "remaining_work"]
+__all__ = ["Committer", "RetryCommitter", "RetryUnit", "remaining_work", "retry_units"]
 
 
 def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
@@ -95,3 +95,66 @@ class Committer:
                 f"first: {self.first_error}; see {self.ledger.out_dir / ERRORS}/, fix the cause or raise "
                 "the budget, then rerun"
             )
+
+
+@dataclass(frozen=True)
+class RetryUnit:
+    """The failed rows of one error file, to run again (``--retry-errors``)."""
+
+    commit: Commit
+    shard: Shard
+    rows: frozenset[int]
+
+
+def retry_units(ledger: Ledger, planned: list[Shard], commits: list[Commit]) -> list[RetryUnit]:
+    """One unit per error file in force, with the rows it lists (a shard-level record lists its whole range)."""
+    from dataclasses import replace
+
+    plan = {s.index: s for s in planned}
+    superseded = {c.replaces for c in commits if c.replaces}
+    units = []
+    for c in commits:
+        if not c.error_file or c.error_file in superseded:
+            continue
+        rows: set[int] = set()
+        for line in (ledger.errors_dir / c.error_file).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                rows.update(range(int(rec["row"]), int(rec["row"]) + int(rec.get("rows", 1))))
+        if rows:
+            units.append(RetryUnit(c, replace(plan[c.shard], start=min(rows), stop=max(rows) + 1), frozenset(rows)))
+    return units
+
+
+@dataclass
+class RetryCommitter:
+    """Commits the rows of one retry unit: a new part beside the original, a new error file for
+    the rows that still fail, and one ledger line that supersedes the old error file."""
+
+    cfg: JobConfig
+    ledger: Ledger
+    stats: RunStats
+    unit: RetryUnit
+    on_commit: Callable[[], None] = lambda: None
+
+    def __call__(self, out: ShardOutput) -> None:
+        old = self.unit.commit.error_file
+        assert old is not None
+        stem = old.removesuffix(".jsonl")
+        base, _, n = stem.partition(".retry-")
+        name = f"{base}.retry-{int(n or 0) + 1}"
+        error_file = None
+        if out.errors:
+            error_file = f"{name}.jsonl"
+            data = "".join(json.dumps(e, default=str) + "\n" for e in out.errors).encode()
+            write_bytes(self.ledger.errors_dir, error_file, data, len(out.errors))
+        part = None
+        if out.table.num_rows:
+            fmt = self.cfg.sink.format
+            part = write_part(self.ledger.out_dir, name + EXTENSIONS[fmt], out.table, fmt, self.cfg.sink.compression)
+        c = self.unit.commit
+        failed = sum(int(e.get("rows", 1)) for e in out.errors)
+        self.ledger.commit(c.shard, c.start, c.stop, part, failed, error_file, replaces=old)
+        (self.ledger.errors_dir / old).unlink(missing_ok=True)
+        self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=out.table.num_rows, failed=failed, shards=1)
+        self.on_commit()

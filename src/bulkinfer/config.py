@@ -79,6 +79,8 @@ class RuntimeConfig(_Section):
     """Intra-op threads; default: the CPUs this process may use (os.sched_getaffinity)."""
     prefetch_batches: int = Field(default=8, ge=1)
     """Bounded queue depth between reading/tokenizing and inference."""
+    batch_timeout_s: float | None = Field(default=None, gt=0)
+    """A model call running longer is abandoned and retried on smaller batches, then its rows fail."""
 
 
 class SinkConfig(_Section):
@@ -179,9 +181,10 @@ def load_config(
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     sets: list[str] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> JobConfig:
-    """Build a :class:`JobConfig` from a TOML file, then dotted-key overrides, then ``k=v`` strings."""
-    data: dict[str, Any] = {}
+    """Build a :class:`JobConfig` from ``base`` or a TOML file, then dotted-key overrides, then ``k=v`` strings."""
+    data: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (base or {}).items()}
     origin = "config"
     if path is not None:
         origin = str(path)

@@ -22,10 +22,10 @@ from typing import Any
 
 from . import __version__
 from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
-from .committer import Committer, remaining_work
+from .committer import Committer, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError, SourceError
-from .ledger import Ledger
+from .ledger import Ledger, active_error_files, failed_rows
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
@@ -63,6 +63,20 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
 def _fingerprint(identity: dict[str, Any], model_digest: str, inputs: list[dict[str, Any]]) -> str:
     body = json.dumps({"identity": identity, "model": model_digest, "inputs": inputs}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def _retry_fingerprint(
+    existing: dict[str, Any], identity: dict[str, Any], inputs: list[dict[str, Any]], digest: str
+) -> str:
+    """A retry may run a fixed model (new code or options) over the failed rows, never other inputs."""
+    same_inputs = existing.get("inputs") == inputs
+    old_identity = {k: v for k, v in existing.get("identity", {}).items() if k != "model.options"}
+    new_identity = {k: v for k, v in identity.items() if k != "model.options"}
+    if not same_inputs or old_identity != new_identity:
+        return _fingerprint(identity, digest, inputs)  # begin() refuses it and says what changed
+    if existing.get("model_digest") != digest or existing["identity"].get("model.options") != identity["model.options"]:
+        log.warning("the model changed since these rows failed: retried rows use the new model, the others keep theirs")
+    return str(existing["fingerprint"])
 
 
 def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
@@ -107,11 +121,13 @@ def _signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult:
+def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors: bool = False) -> RunResult:
     """Run (or resume) the job ``cfg`` describes; return when every shard is committed.
 
     Raises a :class:`~bulkinfer.errors.BulkinferError` on failure, ``Interrupted`` when
-    stopped by a signal or by ``stop``: rerunning the same job resumes it.
+    stopped by a signal or by ``stop``: rerunning the same job resumes it. With
+    ``retry_errors``, only the rows recorded in ``_errors/`` run again (after the cause
+    was fixed); those that succeed leave ``_errors/``, those that fail again stay.
     """
     cfg.require_runnable()
     stop = stop or threading.Event()
@@ -138,6 +154,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
         if ledger.took_over_from:
             log.info("took over the lock left by a run that died (%s)", ledger.took_over_from)
         existing = ledger.read_job()
+        if retry_errors and existing is not None and existing.get("fingerprint") != fingerprint:
+            fingerprint = _retry_fingerprint(existing, identity, input_records, model.digest)
         if existing is not None and existing.get("fingerprint") == fingerprint:
             shards = [Shard.from_json(s) for s in existing["shards"]]
             input_errors = existing.get("input_errors", [])
@@ -182,24 +200,33 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
         stats = RunStats(
             rows_planned=sum(s.num_rows for s in shards),
             shards_planned=len(shards),
-            rows_already_done=sum(c.stop - c.start for c in committed),
+            rows_already_done=sum(s.num_rows for s in shards) - sum(s.num_rows for s in todo),
             shards_already_done=len(shards) - len({s.index for s in todo}),
         )
         if input_errors:
             ledger.write_input_errors(input_errors)
             for e in input_errors:
                 log.warning("skipped %s", e["message"])
-        failed_before = sum(c.errors for c in committed) + len(input_errors)
+        failed_before = failed_rows(committed) + len(input_errors)
         committer = Committer(cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=failed_before)
         status = "complete"
         try:
-            if committer.failed_before > committer.budget:
+            if retry_errors:
+                units = retry_units(ledger, shards, committed)
+                log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
+                stats.rows_planned = stats.rows_already_done = 0
+                passes: list[Pass] = [([u.shard], RetryCommitter(cfg, ledger, stats, u), u.rows) for u in units]
+                if passes:
+                    _execute(cfg, adapter, passes, stats, stop)
+                todo = remaining_work(shards, ledger.commits())
+            elif committer.failed_before > committer.budget:
                 raise ErrorBudgetExceeded(
                     f"{committer.failed_before} rows already failed, over the error budget of {committer.budget}; "
                     f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
                 )
-            if todo:
-                _execute(cfg, adapter, todo, committer, stats, stop)
+            elif todo:
+                _execute(cfg, adapter, [(todo, committer, None)], stats, stop)
+                todo = []
         except Interrupted:
             status = "interrupted"
             raise
@@ -209,16 +236,18 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None) -> RunResult
         finally:
             stats.finished = time.perf_counter()
             report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind)
-        if status == "complete":
+        if status == "complete" and not todo:
             _write_success(ledger, fingerprint, len(input_errors))
         return RunResult(out_dir, status, report)
     finally:
         ledger.release()
 
 
-def _execute(
-    cfg: JobConfig, adapter: Any, todo: list[Shard], committer: Committer, stats: RunStats, stop: threading.Event
-) -> None:
+Pass = tuple[list[Shard], Any, frozenset[int] | None]
+"""Shards, the committer their outputs go to, and the rows to keep (None: all)."""
+
+
+def _execute(cfg: JobConfig, adapter: Any, passes: list[Pass], stats: RunStats, stop: threading.Event) -> None:
     threads = cfg.runtime.threads or available_cpus()
     adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
     stats.mark_running()
@@ -226,17 +255,20 @@ def _execute(
     if missing:
         raise ConfigError("model: the adapter names an empty input column")
     runner = LocalRunner(cfg, adapter, stats, stop)
+    out_dir = passes[0][1].ledger.out_dir
     with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress:
-        committer.on_commit = runner.on_progress = progress.update
+        runner.on_progress = progress.update
         with _signals(stop):
             try:
-                runner.run(todo, committer)
+                for shards, committer, rows in passes:
+                    committer.on_commit = progress.update
+                    runner.run(shards, committer, rows)
+                    if stop.is_set():
+                        break
             finally:
                 adapter.close()
     if stop.is_set():
-        raise Interrupted(
-            f"{committer.ledger.out_dir}: interrupted; committed rows are kept, rerun the same command to resume"
-        )
+        raise Interrupted(f"{out_dir}: interrupted; committed rows are kept, rerun the same command to resume")
 
 
 def _write_report(
@@ -268,9 +300,9 @@ def _write_success(ledger: Ledger, fingerprint: str, input_errors: int) -> None:
             "job_fingerprint": fingerprint,
             "completed": time.time(),
             "rows": sum(c.rows for c in commits),
-            "rows_failed": sum(c.errors for c in commits),
+            "rows_failed": failed_rows(commits),
             "inputs_failed": input_errors,
-            "error_files": [f"_errors/{c.error_file}" for c in commits if c.error_file]
+            "error_files": [f"_errors/{name}" for name in active_error_files(commits)]
             + (["_errors/inputs.jsonl"] if input_errors else []),
             "files": [
                 {

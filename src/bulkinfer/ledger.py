@@ -33,7 +33,7 @@ from .errors import JobMismatchError, LedgerError, LockedError, OutputError
 from .faults import crash_point
 from .sinks import Part, fsync_dir
 
-__all__ = ["Commit", "Ledger"]
+__all__ = ["Commit", "Ledger", "active_error_files", "failed_rows"]
 
 PRIVATE = "_bulkinfer"
 SUCCESS = "_SUCCESS"
@@ -54,6 +54,7 @@ class Commit:
     sha256: str
     errors: int = 0
     error_file: str | None = None
+    replaces: str | None = None  # the error file a --retry-errors commit supersedes
 
 
 def _encode_line(record: Mapping[str, Any]) -> str:
@@ -208,11 +209,18 @@ class Ledger:
         return out
 
     def commit(
-        self, shard: int, start: int, stop: int, part: Part | None, errors: int = 0, error_file: str | None = None
+        self,
+        shard: int,
+        start: int,
+        stop: int,
+        part: Part | None,
+        errors: int = 0,
+        error_file: str | None = None,
+        replaces: str | None = None,
     ) -> Commit:
         if part is None:
             part = Part(name="", rows=0, bytes=0, sha256="")
-        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file)
+        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _encode_line(asdict(record)).encode())
@@ -229,7 +237,7 @@ class Ledger:
         """Delete temp files, parts and error files that no ledger line vouches for; return their names."""
         committed = list(committed)
         keep = {c.file for c in committed}
-        keep_errors = {c.error_file for c in committed if c.error_file}
+        keep_errors = set(active_error_files(committed))
         removed = []
         for p in self.out_dir.iterdir():
             stale_part = p.name.startswith("part-") and p.name not in keep
@@ -253,6 +261,20 @@ class Ledger:
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         _write_atomic(self.private / name, json.dumps(data, indent=1))
+
+
+def active_error_files(commits: Iterable[Commit]) -> list[str]:
+    """Error files in force: those no later --retry-errors commit superseded."""
+    commits = list(commits)
+    superseded = {c.replaces for c in commits if c.replaces}
+    return [c.error_file for c in commits if c.error_file and c.error_file not in superseded]
+
+
+def failed_rows(commits: Iterable[Commit]) -> int:
+    """Rows that failed and were not fixed by a retry."""
+    commits = list(commits)
+    active = set(active_error_files(commits))
+    return sum(c.errors for c in commits if c.error_file in active)
 
 
 def _describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:

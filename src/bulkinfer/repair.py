@@ -4,7 +4,8 @@ Every visible part covers a contiguous row range ``[start, stop)`` of one planne
 which each row is either written to the part or recorded in the part's error file, so
 ``stop = start + rows written + rows failed``. The shard and ``start`` come from the
 name (``part-00003.parquet`` starts where shard 3 starts, ``part-00003-0000012345.parquet``
-at row 12345). Visible parts are always complete (they appear by atomic rename), so a
+at row 12345); ``.retry-N`` parts hold rows a ``--retry-errors`` run fixed, and the error
+file with the highest N is the one in force. Visible parts are always complete (they appear by atomic rename), so a
 part that was renamed but never logged is adopted rather than redone.
 """
 
@@ -26,7 +27,7 @@ from .sources import Shard
 
 __all__ = ["rebuild_ledger"]
 
-_NAME = re.compile(r"^part-(\d{5})(?:-(\d{10}))?\.(parquet|jsonl|csv)$")
+_NAME = re.compile(r"^part-(\d{5})(?:-(\d{10}))?(?:\.retry-(\d+))?\.(parquet|jsonl|csv)$")
 
 
 def _rows_in(path: Path) -> int:
@@ -49,7 +50,8 @@ def rebuild_ledger(ledger: Ledger) -> list[Commit]:
     if job is None:
         raise LedgerError(f"{ledger.out_dir}: no _bulkinfer/job.json; nothing to repair, rerun with --overwrite")
     plan = {s["index"]: Shard.from_json(s) for s in job["shards"]}
-    found: dict[tuple[int, int], dict[str, Path]] = {}
+    parts: dict[tuple[int, int], list[tuple[int, Path]]] = {}
+    errors: dict[tuple[int, int], list[tuple[int, Path]]] = {}
     candidates = [p for p in ledger.out_dir.iterdir() if p.is_file()]
     if ledger.errors_dir.is_dir():
         candidates += [p for p in ledger.errors_dir.iterdir() if p.is_file()]
@@ -58,39 +60,43 @@ def rebuild_ledger(ledger: Ledger) -> list[Commit]:
         if not m or int(m.group(1)) not in plan:
             continue
         index = int(m.group(1))
-        start = int(m.group(2)) if m.group(2) else plan[index].start
-        kind = "errors" if p.parent == ledger.errors_dir else "part"
-        found.setdefault((index, start), {})[kind] = p
+        key = (index, int(m.group(2)) if m.group(2) else plan[index].start)
+        bucket = errors if p.parent == ledger.errors_dir else parts
+        bucket.setdefault(key, []).append((int(m.group(3) or 0), p))
     commits: list[Commit] = []
-    for (index, start), files in sorted(found.items()):
-        part, errs = files.get("part"), files.get("errors")
-        rows = _rows_in(part) if part else 0
-        failed = _failed_in(errs) if errs else 0
-        stop = start + rows + failed
+    ends: dict[int, int] = {}
+    for key in sorted(set(parts) | set(errors)):
+        index, start = key
+        files = [p for _n, p in sorted(parts.get(key, []))]
+        latest = max(errors[key])[1] if key in errors else None
+        counts = [_rows_in(p) for p in files]
+        failed = _failed_in(latest) if latest else 0
+        stop = start + sum(counts) + failed
         if stop > plan[index].stop:
             raise LedgerError(
-                f"{part or errs}: covers rows up to {stop}, past the end of shard {index} "
-                f"({plan[index].stop}); remove it or rerun with --overwrite"
+                f"{files[0] if files else latest}: with its siblings covers rows up to {stop}, past the end "
+                f"of shard {index} ({plan[index].stop}); remove it or rerun with --overwrite"
             )
-        data = part.read_bytes() if part else b""
-        commits.append(
-            Commit(
-                index,
-                start,
-                stop,
-                part.name if part else "",
-                rows,
-                len(data),
-                hashlib.sha256(data).hexdigest() if part else "",
-                failed,
-                errs.name if errs else None,
+        entries: list[tuple[Path | None, int]] = list(zip(files, counts, strict=True)) or [(None, 0)]
+        if start < ends.get(index, start):
+            raise LedgerError(f"shard {index}: parts overlap at row {start}; rerun with --overwrite")
+        ends[index] = stop
+        for i, (f, rows) in enumerate(entries):
+            data = f.read_bytes() if f else b""
+            first = i == 0
+            commits.append(
+                Commit(
+                    index,
+                    start,
+                    stop,
+                    f.name if f else "",
+                    rows,
+                    len(data),
+                    hashlib.sha256(data).hexdigest() if f else "",
+                    failed if first else 0,
+                    latest.name if first and latest else None,
+                )
             )
-        )
-    by_shard: dict[int, int] = {}
-    for c in commits:
-        if c.start < by_shard.get(c.shard, c.start):
-            raise LedgerError(f"shard {c.shard}: parts overlap at row {c.start}; rerun with --overwrite")
-        by_shard[c.shard] = c.stop
     if ledger.log_path.exists():
         os.replace(ledger.log_path, ledger.log_path.with_name(f"commits.log.corrupt-{int(time.time())}"))
     tmp = ledger.log_path.with_name(".commits.log.repair")

@@ -103,6 +103,8 @@ def _chaos(workdir: Path, seed: int) -> None:
             break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if not (workdir / out).exists():  # killed before it made the output directory
+            continue
         for p in (workdir / out).iterdir():  # at every instant, visible parts are whole
             if p.name.startswith("part-"):
                 read_output_file(p)

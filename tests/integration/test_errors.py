@@ -282,3 +282,38 @@ def test_corrupt_ledger_is_refused_then_repaired_without_recomputing(tmp_path, f
     assert run_job(repaired).report["rows_out"] == 0
     assert Ledger(tmp_path / "out").commits() == before
     assert read_output(tmp_path / "out")["id"].to_pylist() == [i for i in range(300) if i not in (5, 150)]
+
+
+def test_hung_call_times_out_and_only_its_row_fails(tmp_path, monkeypatch):
+    (tmp_path / "hang.py").write_text(
+        textwrap.dedent("""
+        import time
+        from bulkinfer import Adapter
+
+        class Hang(Adapter):
+            input_columns = ("id", "x1")
+
+            def predict(self, batch):
+                if 42 in batch["id"].to_pylist():
+                    time.sleep(3)  # a call that hangs (a stuck remote service, a deadlocked kernel)
+                return {"y": batch["x1"]}
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write(tabular_table(100), tmp_path / "in.parquet")
+    cfg = _cfg(
+        tmp_path,
+        **{
+            "model.name": "hang:Hang",
+            "runtime.batch_timeout_s": 0.3,
+            "runtime.batch_size": 16,
+            "execution.max_error_rate": 0.05,
+        },
+    )
+    result = run_job(cfg)
+    sys.modules.pop("hang", None)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [i for i in range(100) if i != 42]
+    (err,) = _errors(tmp_path / "out")
+    assert (err["row"], err["stage"], err["error_type"]) == (42, "predict", "BatchTimeout")
+    assert "did not return within 0.3 s" in err["message"]
+    assert result.report["run_s"] < 6

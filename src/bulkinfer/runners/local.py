@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..adapters import Adapter, to_arrow_column
 from ..batching import bisect_call, plan_batches, restore_order
@@ -126,6 +127,8 @@ class LocalRunner:
         self.stop = stop
         self._halt = threading.Event()
         self.on_progress: Callable[[], None] = lambda: None
+        self.row_filter: frozenset[int] | None = None  # only these rows (--retry-errors)
+        self._filter_array = pa.array([], pa.int64())
         self.batch_size = cfg.runtime.batch_size
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
@@ -151,6 +154,9 @@ class LocalRunner:
         if rows:
             yield pa.Table.from_batches(pending, schema=pending[0].schema)
 
+    def _wanted(self, row: int) -> bool:
+        return self.row_filter is None or row in self.row_filter
+
     def _row_id(self, table: pa.Table, pos: int) -> Any:
         col = self.cfg.source.id_column
         return table.column(col)[pos].as_py() if col and col in table.column_names else None
@@ -166,7 +172,9 @@ class LocalRunner:
             raise
         except Exception:
             pass
-        _ok, failed = bisect_call(positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))))
+        _ok, failed = bisect_call(
+            positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))), known_bad=True
+        )
         bad = {pos for pos, _exc in failed}
         errors = [
             error_record(shard, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))
@@ -198,12 +206,16 @@ class LocalRunner:
                 if self.stop.is_set() or self._halt.is_set():
                     return False
                 t0 = time.perf_counter()
-                rows = table.column(ROW).to_numpy()
-                last = int(rows[-1])
-                errors = [error_record(shard, r, "read", m) for r, m in bad_rows if r <= last]
+                last = int(table.column(ROW)[-1].as_py())
+                errors = [error_record(shard, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
                 bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
+                if self.row_filter is not None:
+                    table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
+                rows = table.column(ROW).to_numpy()
                 table = table.drop_columns([ROW])
-                features, good, pre_errors = self._preprocess(shard, rows, table)
+                features, good, pre_errors = (
+                    self._preprocess(shard, rows, table) if table.num_rows else (None, np.empty(0, np.int64), [])
+                )
                 items = self._batches(shard, table, features, good) if len(good) else []
                 self.stats.add_time("preprocess", time.perf_counter() - t0)
                 for item in items:
@@ -214,7 +226,7 @@ class LocalRunner:
             q.put(_ShardEnd(shard, failed_from=next_row, error=exc))
             return True
         if bad_rows:  # rows after the last good one
-            errors = [error_record(shard, r, "read", m) for r, m in bad_rows]
+            errors = [error_record(shard, r, "read", m) for r, m in bad_rows if self._wanted(r)]
             empty = pa.table({c: pa.array([], pa.null()) for c in self.passthrough})
             q.put(_WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, shard.stop))
         q.put(_ShardEnd(shard))
@@ -233,7 +245,11 @@ class LocalRunner:
     # -- inference -------------------------------------------------------------
     def _call(self, item: _Batch, feature_idx: np.ndarray | None) -> dict[str, pa.Array]:
         payload = item.payload if feature_idx is None else self.adapter.select(item.features, feature_idx)
-        columns = self.adapter.postprocess(self.adapter.predict(payload))
+        timeout = self.cfg.runtime.batch_timeout_s
+        if timeout is None:
+            columns = self.adapter.postprocess(self.adapter.predict(payload))
+        else:
+            columns = _with_timeout(lambda: self.adapter.postprocess(self.adapter.predict(payload)), timeout)
         n = len(item.rows) if feature_idx is None else len(feature_idx)
         out = {name: to_arrow_column(values, name) for name, values in columns.items()}
         for name, arr in out.items():
@@ -261,7 +277,9 @@ class LocalRunner:
                 self._shrink(item.feature_idx, exc)
             # isolate the rows that fail: bisect over the batch, the rest is written
             to_row = dict(zip(item.feature_idx.tolist(), item.rows.tolist(), strict=True))
-            done, failed = bisect_call(item.feature_idx, lambda idx: self._call(item, idx), self._shrink)
+            done, failed = bisect_call(
+                item.feature_idx, lambda idx: self._call(item, idx), self._shrink, known_bad=True
+            )
             for idx, cols in done:
                 state.pieces.append((np.array([to_row[int(i)] for i in idx], dtype=np.int64), cols))
             for feature_row, err in failed:
@@ -309,12 +327,17 @@ class LocalRunner:
         table = pa.concat_tables(state.windows) if state.windows else pa.table({})
         return ShardOutput(shard, table, state.errors)
 
-    def run(self, shards: Sequence[Shard], emit: Callable[[ShardOutput], None]) -> None:
+    def run(
+        self, shards: Sequence[Shard], emit: Callable[[ShardOutput], None], row_filter: frozenset[int] | None = None
+    ) -> None:
         """Process ``shards``; ``emit`` is called (in the writer thread) with each finished shard.
 
         Returns normally when every shard was emitted, or when ``stop`` was set (after
         emitting the complete prefix of the shard in progress).
         """
+        self.row_filter = row_filter
+        self._filter_array = pa.array(sorted(row_filter or ()), pa.int64())
+        self._halt.clear()
         q: queue.Queue[Any] = queue.Queue(maxsize=self.cfg.runtime.prefetch_batches)
         done: queue.Queue[Any] = queue.Queue(maxsize=2)
         writer_error: list[BaseException] = []
@@ -374,6 +397,35 @@ class LocalRunner:
             writer.join()
         if writer_error:
             raise writer_error[0]
+
+
+class BatchTimeout(Exception):
+    """A model call did not return within ``runtime.batch_timeout_s``."""
+
+
+def _with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
+    """Run ``fn`` in its own daemon thread; give up on it after ``timeout`` seconds.
+
+    Python cannot kill a thread: a hung call is abandoned, not stopped, and a fresh thread
+    serves the next call, so one stuck call cannot block the rest.
+    """
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:
+            box.append((False, exc))
+
+    thread = threading.Thread(target=target, name="bulkinfer-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not box:
+        raise BatchTimeout(f"the model call did not return within {timeout:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _drain(q: queue.Queue[Any], producer: threading.Thread) -> None:
