@@ -3,7 +3,7 @@
 Every visible part covers a contiguous row range ``[start, stop)`` of one planned shard in
 which each row is either written to the part or recorded in the part's error file, so
 ``stop = start + rows written + rows failed``. The shard and ``start`` come from the
-name (``part-00003.parquet`` starts where shard 3 starts, ``part-00003-0000012345.parquet``
+name (``part-00003.parquet`` starts where shard 3 starts, ``part-00003_0000012345.parquet``
 at row 12345); ``.retry-N`` parts hold rows a ``--retry-errors`` run fixed, and the error
 file with the highest N is the one in force. Visible parts are always complete (they appear by atomic rename), so a
 part that was renamed but never logged is adopted rather than redone.
@@ -27,7 +27,7 @@ from .sources import Shard
 
 __all__ = ["rebuild_ledger"]
 
-_NAME = re.compile(r"^part-(\d{5})(?:-(\d{10}))?(?:\.retry-(\d+))?\.(parquet|jsonl|csv)$")
+_NAME = re.compile(r"^part-(\d{5})(?:_(\d{10}))?(?:\.retry-(\d+))?\.(parquet|jsonl|csv)$")
 
 
 def _rows_in(path: Path) -> int:

@@ -37,9 +37,9 @@ class Part:
 
 
 def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:
-    """``part-00003.parquet`` for a whole shard; ``part-00003-0000012345.parquet`` for a tail
+    """``part-00003.parquet`` for a whole shard; ``part-00003_0000012345.parquet`` for a tail
     starting at row 12345 (after a partial commit)."""
-    tail = "" if start is None else f"-{start:010d}"
+    tail = "" if start is None else f"_{start:010d}"  # "_" sorts after ".": tails list after their head
     return f"part-{shard_index:05d}{tail}{EXTENSIONS[fmt]}"
 
 

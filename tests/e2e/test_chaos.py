@@ -191,7 +191,8 @@ def test_sigterm_commits_a_partial_shard_and_resume_does_only_the_rest(workdir):
     inferred = sum(int(line.split()[1]) for line in (workdir / "inferred.log").read_text().splitlines())
     assert inferred == ROWS - done  # the resume inferred only the rows after the partial commit
     assert sorted(p.name for p in (workdir / "term").iterdir() if p.name.startswith("part-")) == [
-        f"part-00000-{done:010d}.parquet",
         "part-00000.parquet",
+        f"part-00000_{done:010d}.parquet",
     ]
     assert _multiset(workdir / "term") == _multiset(workdir / "clean")
+    assert read_output(workdir / "term")["id"].to_pylist() == list(range(ROWS))  # name order is row order

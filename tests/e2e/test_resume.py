@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -176,3 +177,38 @@ def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path):
     assert cli("run", *args, "--batch-size", "3", "--overwrite", cwd=tmp_path).returncode == 0
     assert cli("run", *args, "--batch-size", "5", cwd=tmp_path).returncode == 0
     assert pa.Table.equals(read_output(tmp_path / "out").select(["id"]), tabular_table(300).select(["id"]))
+
+
+def test_sigterm_on_the_bundled_model_exits_75_within_10s(tmp_path):
+    write(make_catalog(600, seed=2), tmp_path / "in.parquet")
+    args = [
+        "-i",
+        "in.parquet",
+        "-m",
+        "minilm",
+        "--text-column",
+        "description",
+        "--id-column",
+        "id",
+        "--shard-rows",
+        "600",
+        "--set",
+        "runtime.sort_window=64",
+        "--progress",
+        "none",
+        "-o",
+        "out",
+    ]
+    proc = _start(args, tmp_path)
+    time.sleep(7)
+    assert proc.poll() is None
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 75, err
+    assert time.monotonic() - t0 < 10
+    lines = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().splitlines()
+    for line in lines:  # a partial commit covers whole windows of the shard
+        assert json.loads(line.split(" ", 1)[1])["stop"] % 64 == 0
+    cli("run", *args, cwd=tmp_path, check=True)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(600))

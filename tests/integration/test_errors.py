@@ -317,3 +317,24 @@ def test_hung_call_times_out_and_only_its_row_fails(tmp_path, monkeypatch):
     assert (err["row"], err["stage"], err["error_type"]) == (42, "predict", "BatchTimeout")
     assert "did not return within 0.3 s" in err["message"]
     assert result.report["run_s"] < 6
+
+
+def test_text_that_is_not_utf8_is_an_error_row(tmp_path, minilm_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_bytes(b"id,t\n0,caf\xc3\xa9 au lait\n1,caf\xe9 latin-1\n2,plain\n")
+    cfg = load_config(
+        overrides={
+            "source.paths": [str(d)],
+            "model.name": str(minilm_path),
+            "model.text_column": "t",
+            "source.id_column": "id",
+            "sink.path": str(tmp_path / "out"),
+            "execution.progress": "none",
+            "execution.max_error_rate": 0.5,
+        }
+    )
+    run_job(cfg)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [0, 2]
+    (err,) = _errors(tmp_path / "out")
+    assert (err["row"], err["stage"], err["error_type"]) == (1, "preprocess", "UnicodeDecodeError")

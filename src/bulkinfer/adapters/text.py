@@ -139,6 +139,8 @@ class TextEmbeddingAdapter(Adapter):
         texts = table.column(self.text_column).to_pylist()
         if any(t is None for t in texts):
             raise ValueError(f"null text in column {self.text_column!r}")
+        if any(isinstance(t, bytes) for t in texts):  # CSV/Parquet bytes that are not valid UTF-8 strings
+            texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in texts]  # raises on bad bytes
         # a token is at least one character: longer texts are cut before tokenizing, for speed
         limit = 64 * (self.max_seq_length or 512)
         clean = [str(t)[:limit].strip() for t in texts]
