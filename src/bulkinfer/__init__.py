@@ -19,6 +19,7 @@ from .errors import (
     LockedError,
     ModelError,
     OutputError,
+    QualityGateError,
     SourceError,
 )
 from .job import RunResult, run_job
@@ -36,6 +37,7 @@ __all__ = [
     "LockedError",
     "ModelError",
     "OutputError",
+    "QualityGateError",
     "RunResult",
     "SetupContext",
     "SourceError",

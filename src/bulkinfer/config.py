@@ -63,10 +63,17 @@ class ModelConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    engine: Literal["torch"] = "torch"
-    """Inference engine for neural models."""
-    precision: Literal["fp32"] = "fp32"
-    """Numeric precision of the engine."""
+    engine: Literal["auto", "torch", "onnxruntime"] = "auto"
+    """Inference engine for neural models: onnxruntime (exported once, cached on disk), torch, or auto:
+    onnxruntime on CPU in fp32/int8, torch for bf16 and on GPUs."""
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    """fp32; bf16 (torch engine, CPUs with bf16 or GPUs); int8 (onnxruntime, per-channel weights)."""
+    cache_dir: str | None = None
+    """Where compiled models are cached; default $BULKINFER_CACHE or ~/.cache/bulkinfer."""
+    quality_floor: float = Field(default=0.99, ge=-1, le=1)
+    """A lowered precision must keep the mean cosine to fp32 on the job's own rows at least this high."""
+    quality_sample_rows: int = Field(default=512, ge=2)
+    """Rows of the job's input the quality gate compares on."""
     device: str = "cpu"
     """Torch device: 'cpu', 'cuda', 'cuda:1'."""
     batch_size: int = Field(default=16, ge=1)

@@ -13,6 +13,7 @@ names the file, the row or the field and says what to do. The CLI prints the mes
     │   └── JobMismatchError       the output holds a different job (config, model or input changed)
     ├── LedgerError                the ledger is corrupt; bulkinfer refuses rather than guess
     ├── ErrorBudgetExceeded        more rows failed than execution.max_errors / max_error_rate allow
+    ├── QualityGateError           a lowered precision is too far from fp32 on the job's own rows
     └── Interrupted                exit 75: stopped by a signal, safe to rerun the same command
 
 Errors from libraries are translated at the boundary with ``raise ... from exc``.
@@ -30,6 +31,7 @@ __all__ = [
     "LockedError",
     "ModelError",
     "OutputError",
+    "QualityGateError",
     "SourceError",
 ]
 
@@ -70,6 +72,10 @@ class LedgerError(BulkinferError):
 
 class ErrorBudgetExceeded(BulkinferError):
     """More rows failed than the error budget allows; the failed rows are in ``_errors/``."""
+
+
+class QualityGateError(BulkinferError):
+    """A lowered precision failed the quality gate; the message carries the figures."""
 
 
 class Interrupted(BulkinferError):

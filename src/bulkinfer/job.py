@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from .committer import Committer, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError, SourceError
 from .ledger import Ledger, active_error_files, failed_rows
+from .quality import quality_gate, sample_rows
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
@@ -209,6 +210,10 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                 log.warning("skipped %s", e["message"])
         failed_before = failed_rows(committed) + len(input_errors)
         committer = Committer(cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=failed_before)
+
+        def gate() -> None:
+            stats.quality = _quality_gate(cfg, adapter, model, shards, ledger)
+
         status = "complete"
         try:
             if retry_errors:
@@ -217,7 +222,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                 stats.rows_planned = stats.rows_already_done = 0
                 passes: list[Pass] = [([u.shard], RetryCommitter(cfg, ledger, stats, u), u.rows) for u in units]
                 if passes:
-                    _execute(cfg, adapter, passes, stats, stop)
+                    _execute(cfg, adapter, passes, stats, stop, gate)
                 todo = remaining_work(shards, ledger.commits())
             elif committer.failed_before > committer.budget:
                 raise ErrorBudgetExceeded(
@@ -225,7 +230,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                     f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
                 )
             elif todo:
-                _execute(cfg, adapter, [(todo, committer, None)], stats, stop)
+                _execute(cfg, adapter, [(todo, committer, None)], stats, stop, gate)
                 todo = []
         except Interrupted:
             status = "interrupted"
@@ -235,7 +240,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             raise
         finally:
             stats.finished = time.perf_counter()
-            report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind)
+            engine = getattr(adapter, "engine_name", cfg.runtime.engine)
+            report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind, engine)
         if status == "complete" and not todo:
             _write_success(ledger, fingerprint, len(input_errors))
         return RunResult(out_dir, status, report)
@@ -247,9 +253,17 @@ Pass = tuple[list[Shard], Any, frozenset[int] | None]
 """Shards, the committer their outputs go to, and the rows to keep (None: all)."""
 
 
-def _execute(cfg: JobConfig, adapter: Any, passes: list[Pass], stats: RunStats, stop: threading.Event) -> None:
+def _execute(
+    cfg: JobConfig,
+    adapter: Any,
+    passes: list[Pass],
+    stats: RunStats,
+    stop: threading.Event,
+    gate: Callable[[], None] = lambda: None,
+) -> None:
     threads = cfg.runtime.threads or available_cpus()
     adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
+    gate()
     stats.mark_running()
     missing = [c for c in adapter.input_columns if not c]
     if missing:
@@ -271,14 +285,41 @@ def _execute(cfg: JobConfig, adapter: Any, passes: list[Pass], stats: RunStats, 
         raise Interrupted(f"{out_dir}: interrupted; committed rows are kept, rerun the same command to resume")
 
 
+def _quality_gate(
+    cfg: JobConfig, adapter: Any, model: Any, shards: list[Shard], ledger: Ledger
+) -> dict[str, Any] | None:
+    """Run the quality gate for a lowered precision (once per output directory and floor)."""
+    rt = cfg.runtime
+    if rt.precision == "fp32":
+        return None
+    cached = ledger.private / "quality.json"
+    if cached.is_file():
+        figures: dict[str, Any] = json.loads(cached.read_text())
+        if figures.get("floor") == rt.quality_floor and figures.get("passed"):
+            return figures
+    reference = build_adapter(cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})}), model)
+    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
+    figures = quality_gate(
+        adapter,
+        reference,
+        sample,
+        batch_size=rt.batch_size,
+        floor=rt.quality_floor,
+        precision=rt.precision,
+        threads=rt.threads or available_cpus(),
+    )
+    ledger.write_private("quality.json", figures)
+    return figures
+
+
 def _write_report(
-    cfg: JobConfig, ledger: Ledger, stats: RunStats, status: str, fingerprint: str, kind: str
+    cfg: JobConfig, ledger: Ledger, stats: RunStats, status: str, fingerprint: str, kind: str, engine: str
 ) -> dict[str, Any]:
     report = {
         "status": status,
         "job_fingerprint": fingerprint,
         "model_kind": kind,
-        "engine": cfg.runtime.engine,
+        "engine": engine,
         "precision": cfg.runtime.precision,
         "batch_size": cfg.runtime.batch_size,
         "max_tokens": cfg.runtime.max_tokens,

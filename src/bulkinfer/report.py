@@ -48,6 +48,7 @@ class RunStats:
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wait_for_input_s: float = 0.0
     batch_sizes: Counter[int] = field(default_factory=Counter)
+    quality: dict[str, Any] | None = None
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -114,6 +115,7 @@ class RunStats:
                 "histogram": dict(hist),
                 "padding_ratio": round(self.padded_tokens / self.tokens, 4) if self.tokens else None,
             },
+            "quality": self.quality,
             "cost": {
                 "instance_price_per_hour": price_per_hour,
                 "currency": currency,

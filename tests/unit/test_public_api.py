@@ -15,6 +15,7 @@ def test_public_names_are_pinned():
             "LockedError",
             "ModelError",
             "OutputError",
+            "QualityGateError",
             "RunResult",
             "SetupContext",
             "SourceError",

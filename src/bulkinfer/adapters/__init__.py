@@ -105,6 +105,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     """Construct (not yet set up) the adapter for ``model``."""
     m = cfg.model
     if model.kind == "text-embedding":
+        from ..engines import choose_engine
         from .text import TextEmbeddingAdapter
 
         if not m.text_column:
@@ -112,9 +113,16 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         return TextEmbeddingAdapter(
             model.location,
             m.text_column,
-            engine=cfg.runtime.engine,
+            engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device),
             precision=cfg.runtime.precision,
             max_seq_length=m.max_seq_length,
+            model_digest=model.digest,
+            cache_dir=cfg.runtime.cache_dir,
+        )
+    if cfg.runtime.precision != "fp32":
+        raise ConfigError(
+            f"runtime.precision: {cfg.runtime.precision} applies to text models; "
+            "tabular and custom models run as they are"
         )
     if model.kind == "tabular":
         from .tabular import TabularAdapter

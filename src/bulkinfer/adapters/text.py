@@ -101,6 +101,8 @@ class TextEmbeddingAdapter(Adapter):
         engine: str = "torch",
         precision: str = "fp32",
         max_seq_length: int | None = None,
+        model_digest: str = "",
+        cache_dir: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not is_sentence_transformers_dir(self.model_dir):
@@ -109,6 +111,8 @@ class TextEmbeddingAdapter(Adapter):
         self.input_columns = (text_column,)
         self.engine_name = engine
         self.precision = precision
+        self.model_digest = model_digest
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self.layout = _read_layout(self.model_dir)
         self.max_seq_length = max_seq_length or self.layout.max_seq_length
         self._tokenizer: Any = None
@@ -133,6 +137,8 @@ class TextEmbeddingAdapter(Adapter):
             device=ctx.device,
             threads=ctx.threads,
             precision=self.precision,
+            model_digest=self.model_digest,
+            cache_dir=self.cache_dir,
         )
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:

@@ -7,13 +7,15 @@ normalisation stay in the adapter, so every engine gives the same embeddings.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["TransformerEngine", "load_engine"]
+__all__ = ["TransformerEngine", "choose_engine", "default_cache_dir", "load_engine"]
 
 
 class TransformerEngine(Protocol):
@@ -22,10 +24,51 @@ class TransformerEngine(Protocol):
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
 
-def load_engine(name: str, model_dir: str, *, device: str, threads: int, precision: str) -> TransformerEngine:
-    """Load ``model_dir`` on the named engine."""
+def load_engine(
+    name: str,
+    model_dir: str,
+    *,
+    device: str,
+    threads: int,
+    precision: str,
+    model_digest: str = "",
+    cache_dir: Path | None = None,
+) -> TransformerEngine:
+    """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``)."""
     if name == "torch":
         from .torch_engine import TorchEngine
 
         return TorchEngine(model_dir, device=device, threads=threads, precision=precision)
-    raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch")
+    if name == "onnxruntime":
+        from .ort_engine import OrtEngine
+
+        return OrtEngine(
+            model_dir,
+            device=device,
+            threads=threads,
+            precision=precision,
+            model_digest=model_digest,
+            cache_dir=cache_dir or default_cache_dir(),
+        )
+    raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch or onnxruntime")
+
+
+def choose_engine(engine: str, precision: str, device: str) -> str:
+    """Resolve ``runtime.engine = auto`` and refuse combinations no engine runs."""
+    if engine == "auto":
+        engine = "torch" if precision == "bf16" or not device.startswith("cpu") else "onnxruntime"
+    if engine == "torch" and precision == "int8":
+        raise ConfigError(
+            "runtime.precision: int8 runs on the onnxruntime engine (torch's dynamic int8 is per-tensor "
+            "and too lossy); set runtime.engine=onnxruntime"
+        )
+    if engine == "onnxruntime" and precision == "bf16":
+        raise ConfigError("runtime.precision: bf16 runs on the torch engine; set runtime.engine=torch")
+    return engine
+
+
+def default_cache_dir() -> Path:
+    """``$BULKINFER_CACHE``, else ``$XDG_CACHE_HOME/bulkinfer``, else ``~/.cache/bulkinfer``."""
+    if os.environ.get("BULKINFER_CACHE"):
+        return Path(os.environ["BULKINFER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bulkinfer"

@@ -1,0 +1,128 @@
+"""The quality gate: a lowered precision must stay close to fp32 on the job's own rows.
+
+Before a job runs in bf16 or int8, the first ``runtime.quality_sample_rows`` rows of its
+input go through the job's adapter and through the same model in fp32; embeddings are
+compared by cosine (mean and minimum per row) and by how many of each row's 10 nearest
+neighbours stay the same. Below ``runtime.quality_floor`` (mean cosine) the job refuses,
+with the figures, before writing anything. The figures go into ``report.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .adapters import Adapter, SetupContext
+from .batching import plan_batches, restore_order
+from .errors import QualityGateError
+from .sources import ROW, Shard, read_shard
+
+__all__ = ["compare_embeddings", "quality_gate", "run_adapter"]
+
+log = logging.getLogger("bulkinfer")
+
+
+def sample_rows(shards: Sequence[Shard], columns: Sequence[str], n: int) -> pa.Table:
+    """The first ``n`` rows of the planned input (deterministic, cheap)."""
+    batches: list[pa.RecordBatch] = []
+    have = 0
+    for shard in shards:
+        for batch in read_shard(shard, columns, on_bad_row=lambda _row, _msg: None):
+            batches.append(batch.drop_columns([ROW]))
+            have += batch.num_rows
+            if have >= n:
+                return pa.Table.from_batches(batches).slice(0, n)
+    return pa.Table.from_batches(batches) if batches else pa.table({c: [] for c in columns})
+
+
+def run_adapter(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, np.ndarray]:
+    """Every output column of ``adapter`` over ``table``, in row order."""
+    features = adapter.preprocess(table)
+    batches = plan_batches(adapter.cost(features), table.num_rows, batch_size)
+    pieces = [adapter.postprocess(adapter.predict(adapter.select(features, idx))) for idx in batches]
+    _rows, take = restore_order(batches)
+    out = {}
+    for name in pieces[0] if pieces else []:
+        values = np.concatenate([np.asarray(p[name]) for p in pieces])
+        out[name] = values[take]
+    return out
+
+
+def compare_embeddings(ref: np.ndarray, got: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Mean and minimum per-row cosine, and the mean overlap of each row's k nearest neighbours."""
+    ref = ref.astype(np.float64)
+    got = got.astype(np.float64)
+    rn = ref / np.clip(np.linalg.norm(ref, axis=1, keepdims=True), 1e-12, None)
+    gn = got / np.clip(np.linalg.norm(got, axis=1, keepdims=True), 1e-12, None)
+    cos = (rn * gn).sum(axis=1)
+    k = min(k, len(ref) - 1)
+    overlap = 1.0
+    if k > 0:
+
+        def neighbours(x: np.ndarray) -> np.ndarray:
+            sim = x @ x.T
+            np.fill_diagonal(sim, -np.inf)
+            return np.argsort(-sim, axis=1)[:, :k]
+
+        a, b = neighbours(rn), neighbours(gn)
+        overlap = float(np.mean([len(set(a[i]) & set(b[i])) / k for i in range(len(a))]))
+    return {
+        "mean_cosine": round(float(cos.mean()), 6),
+        "min_cosine": round(float(cos.min()), 6),
+        "top10_overlap": round(overlap, 4),
+    }
+
+
+def quality_gate(
+    candidate: Adapter,
+    reference: Adapter,
+    sample: pa.Table,
+    *,
+    batch_size: int,
+    floor: float,
+    precision: str,
+    threads: int,
+) -> dict[str, Any]:
+    """Compare ``candidate`` (set up) with ``reference`` (fp32, set up here) on ``sample``; raise below ``floor``."""
+    reference.setup(SetupContext(threads=threads))
+    got = run_adapter(candidate, sample, batch_size)
+    ref = run_adapter(reference, sample, batch_size)
+    reference.close()
+    figures: dict[str, Any] = {"precision": precision, "reference": "fp32", "rows": sample.num_rows, "floor": floor}
+    name = "embedding" if "embedding" in got else next(iter(got), None)
+    if name is None or sample.num_rows == 0:
+        figures["passed"] = True
+        return figures
+    a, b = np.asarray(ref[name]), np.asarray(got[name])
+    if a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
+        figures.update(compare_embeddings(np.stack(list(a)), np.stack(list(b))))
+        score = figures["mean_cosine"]
+    elif np.issubdtype(a.dtype, np.floating):
+        rel = np.abs(a - b) / np.clip(np.abs(a), 1e-12, None)
+        figures["mean_relative_error"] = round(float(rel.mean()), 6)
+        score = 1.0 - figures["mean_relative_error"]
+    else:
+        figures["agreement"] = round(float(np.mean(a == b)), 6)
+        score = figures["agreement"]
+    figures["passed"] = bool(score >= floor)
+    log.info(
+        "quality gate (%s vs fp32 on %d rows): %s",
+        precision,
+        sample.num_rows,
+        ", ".join(f"{k}={v}" for k, v in figures.items() if k not in ("precision", "reference", "rows")),
+    )
+    if not figures["passed"]:
+        shown = ", ".join(
+            f"{k} {v}"
+            for k, v in figures.items()
+            if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement")
+        )
+        raise QualityGateError(
+            f"quality gate: {precision} is too far from fp32 on {sample.num_rows} rows of this job ({shown}; "
+            f"floor {floor}); use a higher precision, or lower runtime.quality_floor if this is acceptable"
+        )
+    return figures

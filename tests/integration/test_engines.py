@@ -1,0 +1,88 @@
+"""ONNX Runtime engine, its on-disk cache, lowered precisions and the quality gate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from bulkinfer import ConfigError, QualityGateError, load_config, run_job
+from bulkinfer.quality import compare_embeddings
+
+from helpers import make_catalog, read_output, write
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("engines")
+    write(make_catalog(200, seed=9), d / "in.parquet")
+    return d
+
+
+def _run(corpus, out, cache, **extra):
+    base = {
+        "source.paths": [str(corpus / "in.parquet")],
+        "model.name": "minilm",
+        "model.text_column": "description",
+        "source.id_column": "id",
+        "sink.path": str(corpus / out),
+        "execution.progress": "none",
+        "execution.overwrite": True,
+        "runtime.cache_dir": str(cache),
+        "runtime.quality_sample_rows": 128,
+    }
+    return run_job(load_config(overrides={**base, **extra}))
+
+
+def _emb(corpus, out):
+    return np.stack(read_output(corpus / out).sort_by("id")["embedding"].to_numpy(zero_copy_only=False))
+
+
+def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_path, minilm_path):
+    cache = tmp_path / "cache"
+    torch_run = _run(corpus, "torch", cache, **{"runtime.engine": "torch"})
+    assert torch_run.report["engine"] == "torch"
+    first = _run(corpus, "ort", cache)  # auto on CPU: onnxruntime
+    assert first.report["engine"] == "onnxruntime"
+    entries = list((cache / "onnx").iterdir())
+    assert len(entries) == 1 and (entries[0] / "model.onnx").is_file()
+    figures = compare_embeddings(_emb(corpus, "torch"), _emb(corpus, "ort"))
+    assert figures["min_cosine"] >= 0.9999 and figures["top10_overlap"] >= 0.99
+    second = _run(corpus, "ort2", cache)
+    assert second.report["setup_s"] < first.report["setup_s"]  # no export the second time
+    assert list((cache / "onnx").iterdir()) == entries
+    # a changed model (a copy with one config value changed) gets its own cache entry
+    changed = tmp_path / "model"
+    shutil.copytree(minilm_path, changed)
+    cfg = json.loads((changed / "config.json").read_text())
+    cfg["layer_norm_eps"] = 1e-11
+    (changed / "config.json").write_text(json.dumps(cfg))
+    _run(corpus, "ort3", cache, **{"model.name": str(changed)})
+    assert len(list((cache / "onnx").iterdir())) == 2
+
+
+def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    int8 = _run(corpus, "int8", cache, **{"runtime.precision": "int8"})
+    q = int8.report["quality"]
+    assert q["precision"] == "int8" and q["rows"] == 128 and q["passed"] is True
+    assert 0.99 <= q["mean_cosine"] < 0.9999 and q["top10_overlap"] > 0.8
+    bf16 = _run(corpus, "bf16", cache, **{"runtime.precision": "bf16"})
+    assert bf16.report["engine"] == "torch" and bf16.report["quality"]["mean_cosine"] >= 0.9995
+
+
+def test_a_floor_the_precision_cannot_meet_is_refused_with_the_figures(corpus, tmp_path):
+    with pytest.raises(QualityGateError) as err:
+        _run(corpus, "strict", tmp_path / "cache", **{"runtime.precision": "int8", "runtime.quality_floor": 0.9999})
+    msg = str(err.value)
+    assert "int8 is too far from fp32 on 128 rows" in msg and "mean_cosine 0.99" in msg and "floor 0.9999" in msg
+    assert not any(p.name.startswith("part-") for p in (corpus / "strict").iterdir())  # nothing written
+
+
+def test_impossible_engine_precision_pairs_are_config_errors(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="int8 runs on the onnxruntime engine"):
+        _run(corpus, "x", tmp_path, **{"runtime.engine": "torch", "runtime.precision": "int8"})
+    with pytest.raises(ConfigError, match="bf16 runs on the torch engine"):
+        _run(corpus, "x", tmp_path, **{"runtime.engine": "onnxruntime", "runtime.precision": "bf16"})
