@@ -32,7 +32,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/bench_run.py 5000
+	$(PY) bench/bench_run.py 5000 --repeat 3
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,12 +1,15 @@
 """Side by side, one run, same data: the sentence-transformers script vs `bulkinfer run`.
 
-Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N]
+Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick]
 
-Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, then runs,
-alternating, the anchor script (../shared/bench/anchor_st.py, batch 32) and `bulkinfer run`
-(fp32, default settings), Parquet in and Parquet out, and prints each rows/s, the ratio,
-and bulkinfer's time split. Both figures exclude model loading: the anchor's `job_s` starts
-after the model is loaded, bulkinfer's `run_s` after set-up.
+Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, then, in
+each round, runs the anchor script (../shared/bench/anchor_st.py, batch 32) and `bulkinfer
+run` in each engine/precision (Parquet in, Parquet out), plus the bare-engine limit
+(bench/limit_engine.py: pre-tokenized, length-sorted batches, no I/O) of the default
+engine. It prints every rows/s, the ratio to the anchor of the same round, and the median
+over rounds. Figures exclude model loading on both sides: the anchor's `job_s` starts after
+the model is loaded, bulkinfer's `run_s` after set-up (the ONNX export is cached by a
+warm-up run first). `--quick` runs only the anchor and the default configuration.
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"
 WORK = ROOT / "bench" / "_work"
+VARIANTS = {
+    "torch fp32": ["--set", "runtime.engine=torch"],
+    "default (onnxruntime fp32)": [],
+    "onnxruntime int8 (gated)": ["--set", "runtime.precision=int8"],
+    "torch bf16 (gated)": ["--set", "runtime.precision=bf16"],
+}
 
 
 def sh(*args: str) -> str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "BULKINFER_CACHE": str(WORK / "cache")}
     return subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout
 
 
@@ -37,7 +46,7 @@ def anchor(corpus: Path) -> float:
     return float(match.group(1))
 
 
-def bulkinfer(corpus: Path) -> dict:
+def bulkinfer(corpus: Path, extra: list[str]) -> dict:
     out = WORK / "out"
     shutil.rmtree(out, ignore_errors=True)
     sh(
@@ -56,37 +65,53 @@ def bulkinfer(corpus: Path) -> dict:
         "--progress",
         "none",
         "-q",
+        *extra,
     )
     return json.loads((out / "_bulkinfer" / "report.json").read_text())
+
+
+def limit(corpus: Path) -> float:
+    out = sh(sys.executable, str(ROOT / "bench" / "limit_engine.py"), str(corpus))
+    return float(re.search(r"rows_per_s=([\d.]+)", out).group(1))  # type: ignore[union-attr]
 
 
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 5000
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    variants = {k: v for k, v in VARIANTS.items() if "--quick" not in sys.argv or k.startswith("default")}
     WORK.mkdir(parents=True, exist_ok=True)
     corpus = WORK / f"corpus_{rows}.parquet"
     if not corpus.exists():
         sh(sys.executable, str(SHARED / "make_corpus.py"), str(corpus), str(rows))
-    a_runs, b_runs, reports = [], [], []
+    for extra in variants.values():  # warm-up: compile and cache each engine once, untimed
+        bulkinfer(corpus, [*extra, "--limit-rows", "64"])
+    results: dict[str, list[float]] = {"anchor": [], "bare engine limit": [], **{k: [] for k in variants}}
+    reports: dict[str, dict] = {}
     for i in range(repeat):
-        a_runs.append(anchor(corpus))
-        rep = bulkinfer(corpus)
-        reports.append(rep)
-        b_runs.append(rep["rows_per_s"])
+        a = anchor(corpus)
+        results["anchor"].append(a)
+        line = [f"round {i + 1}: sentence-transformers script {a:.1f} rows/s"]
+        for name, extra in variants.items():
+            rep = bulkinfer(corpus, extra)
+            reports[name] = rep
+            results[name].append(rep["rows_per_s"])
+            line.append(f"{name} {rep['rows_per_s']:.1f} ({rep['rows_per_s'] / a:.2f}x)")
+        results["bare engine limit"].append(limit(corpus))
+        line.append(f"bare engine limit {results['bare engine limit'][-1]:.1f}")
+        print("; ".join(line), flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nmedian over {repeat} round(s), {rows} rows, this machine:")
+    for name, value in med.items():
+        print(f"  {name:32s} {value:8.1f} rows/s   {value / med['anchor']:.2f}x the sentence-transformers script")
+    default = "default (onnxruntime fp32)"
+    print(f"  default end to end / bare engine limit: {med[default] / med['bare engine limit']:.2f}")
+    for name, rep in reports.items():
+        q = rep.get("quality")
+        gate = f" quality={json.dumps({k: q[k] for k in ('mean_cosine', 'min_cosine', 'top10_overlap')})}" if q else ""
         print(
-            f"round {i + 1}: sentence-transformers script {a_runs[-1]:.1f} rows/s, "
-            f"bulkinfer {b_runs[-1]:.1f} rows/s, ratio {b_runs[-1] / a_runs[-1]:.2f}x",
-            flush=True,
+            f"  {name}: time share {json.dumps(rep['time_share'])} wait_for_input_s={rep['wait_for_input_s']}"
+            f" run_s={rep['run_s']} padding_ratio={rep['batches']['padding_ratio']}{gate}"
         )
-    a, b = statistics.median(a_runs), statistics.median(b_runs)
-    rep = reports[-1]
-    print(f"\nrows={rows} anchor_st_rows_per_s={a:.1f} bulkinfer_rows_per_s={b:.1f} ratio={b / a:.2f}x")
-    print(
-        "bulkinfer time share (of run_s):",
-        json.dumps(rep["time_share"]),
-        f"wait_for_input_s={rep['wait_for_input_s']} run_s={rep['run_s']} setup_s={rep['setup_s']}",
-    )
-    print("bulkinfer batches:", json.dumps(rep["batches"]))
 
 
 if __name__ == "__main__":
