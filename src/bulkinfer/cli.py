@@ -154,6 +154,80 @@ def run(
 
 
 @app.command()
+def tune(
+    config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
+    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="minilm or a model directory.")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Column holding the text.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Any config field, e.g. runtime.quality_floor=0.995.")
+    ] = None,
+    sample_rows: Annotated[int, typer.Option(help="Rows of the input to measure on.")] = 512,
+    batch_sizes: Annotated[str, typer.Option(help="Batch sizes to try, comma-separated.")] = "8,16,32,64",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the tuned job file.")] = None,
+    print_only: Annotated[bool, typer.Option("--print", help="Print the tuned job instead of writing it.")] = False,
+) -> None:
+    """Measure engine x precision x batch size on a sample of the input; keep the fastest that passes the gate."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _setup_logging(quiet=True)
+    from rich.console import Console
+    from rich.table import Table
+
+    from .tune import to_toml
+    from .tune import tune as run_tune
+
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+    overrides = {"source.paths": input or None, "model.name": model, "model.text_column": text_column}
+    try:
+        cfg = load_config(config, overrides, set_)
+        sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+        result = run_tune(
+            cfg,
+            sample_rows,
+            sizes,
+            on_candidate=lambda c: console.print(
+                f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads}: "
+                + (f"{c.rows_per_s} rows/s" if c.rows_per_s else c.note or "skipped")
+            ),
+        )
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    except ValueError:
+        raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
+    table = Table(title=f"bulkinfer tune: {sample_rows} rows of the job's input")
+    for col in ("engine", "precision", "batch", "threads", "rows/s", "mean cosine", "top-10 overlap", "gate", ""):
+        table.add_column(col)
+    for c in result.candidates:
+        q = c.quality or {}
+        table.add_row(
+            c.engine,
+            c.precision,
+            str(c.batch_size),
+            str(c.threads),
+            str(c.rows_per_s or "-"),
+            str(q.get("mean_cosine", "1 (fp32)" if c.precision == "fp32" else "-")),
+            str(q.get("top10_overlap", "-")),
+            "pass" if c.passed else "FAIL",
+            "<- chosen" if c is result.best else "",
+        )
+    console.print(table)
+    assert result.best is not None and result.config is not None
+    best = result.best
+    header = (
+        f"tuned by bulkinfer tune: {best.engine} {best.precision}, batch {best.batch_size}, "
+        f"{best.threads} threads, {best.rows_per_s} rows/s on {sample_rows} sample rows"
+    )
+    text = to_toml(result.config, header)
+    if print_only:
+        typer.echo(text)
+        return
+    target = output or (config.with_suffix(".tuned.toml") if config else Path("tuned.toml"))
+    target.write_text(text, encoding="utf-8")
+    typer.echo(f"chosen: {header.removeprefix('tuned by bulkinfer tune: ')}; wrote {target}")
+
+
+@app.command()
 def inspect(
     output: Annotated[Path, typer.Argument(help="An output directory of bulkinfer run.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

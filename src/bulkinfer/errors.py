@@ -75,7 +75,9 @@ class ErrorBudgetExceeded(BulkinferError):
 
 
 class QualityGateError(BulkinferError):
-    """A lowered precision failed the quality gate; the message carries the figures."""
+    """A lowered precision failed the quality gate; the message and ``figures`` carry the figures."""
+
+    figures: dict[str, object] = {}  # noqa: RUF012 - replaced per instance
 
 
 class Interrupted(BulkinferError):

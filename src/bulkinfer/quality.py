@@ -121,8 +121,10 @@ def quality_gate(
             for k, v in figures.items()
             if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement")
         )
-        raise QualityGateError(
+        err = QualityGateError(
             f"quality gate: {precision} is too far from fp32 on {sample.num_rows} rows of this job ({shown}; "
             f"floor {floor}); use a higher precision, or lower runtime.quality_floor if this is acceptable"
         )
+        err.figures = figures
+        raise err
     return figures

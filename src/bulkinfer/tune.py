@@ -1,0 +1,149 @@
+"""``bulkinfer tune``: measure candidate settings on a sample of the job's own input and
+keep the fastest one that passes the quality gate.
+
+Candidates are engine x precision x batch size (x intra-op threads when the machine has
+more than two CPUs). Each engine/precision is set up once, gated against fp32 on the
+sample, then timed at every batch size after a warm-up batch. The result is a tuned
+config (the job's own, with ``runtime`` changed) and a table of every candidate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from .config import JobConfig
+from .errors import BulkinferError, ConfigError, QualityGateError
+from .quality import quality_gate, run_adapter, sample_rows
+from .sources import list_inputs, plan_shards
+
+__all__ = ["Candidate", "TuneResult", "to_toml", "tune"]
+
+PRECISIONS = (("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32"), ("torch", "bf16"))
+BATCH_SIZES = (8, 16, 32, 64)
+
+
+@dataclass
+class Candidate:
+    engine: str
+    precision: str
+    batch_size: int
+    threads: int
+    rows_per_s: float | None = None
+    quality: dict[str, Any] | None = None
+    passed: bool = True
+    note: str = ""
+
+
+@dataclass
+class TuneResult:
+    candidates: list[Candidate] = field(default_factory=list)
+    best: Candidate | None = None
+    config: JobConfig | None = None
+
+
+def _thread_options() -> list[int]:
+    n = available_cpus()
+    return [n] if n <= 2 else sorted({max(1, n // 2), n})
+
+
+def tune(
+    cfg: JobConfig,
+    sample_size: int = 512,
+    batch_sizes: tuple[int, ...] = BATCH_SIZES,
+    on_candidate: Callable[[Candidate], None] = lambda c: None,
+) -> TuneResult:
+    """Measure every candidate on the first ``sample_size`` rows of ``cfg``'s input."""
+    if not cfg.source.paths or not cfg.model.name:
+        raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
+    model = resolve_model(cfg)
+    if model.kind != "text-embedding":
+        raise ConfigError(
+            "tune: engines and precisions apply to text models; tabular and custom models run as they are"
+        )
+    shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format), cfg.source.shard_rows, [])
+    result = TuneResult()
+    sample = None
+    for engine, precision in PRECISIONS:
+        for threads in _thread_options():
+            rt = cfg.runtime.model_copy(update={"engine": engine, "precision": precision, "threads": threads})
+            trial = cfg.model_copy(update={"runtime": rt})
+            try:
+                adapter = build_adapter(trial, model)
+                adapter.setup(SetupContext(threads=threads, device=rt.device))
+            except BulkinferError as exc:
+                c = Candidate(engine, precision, 0, threads, passed=False, note=str(exc)[:80])
+                result.candidates.append(c)
+                on_candidate(c)
+                continue
+            if sample is None:
+                sample = sample_rows(shards, list(adapter.input_columns), sample_size)
+            quality = None
+            passed, note = True, ""
+            if precision != "fp32":
+                ref_rt = rt.model_copy(update={"precision": "fp32", "engine": "onnxruntime"})
+                reference = build_adapter(cfg.model_copy(update={"runtime": ref_rt}), model)
+                try:
+                    quality = quality_gate(
+                        adapter,
+                        reference,
+                        sample,
+                        batch_size=16,
+                        floor=rt.quality_floor,
+                        precision=precision,
+                        threads=threads,
+                    )
+                except QualityGateError as exc:
+                    passed, note = False, "below the quality floor"
+                    quality = dict(exc.figures)
+            for bs in batch_sizes:
+                c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note)
+                if passed:
+                    run_adapter(adapter, sample.slice(0, bs), bs)  # warm-up at this shape
+                    t0 = time.perf_counter()
+                    run_adapter(adapter, sample, bs)
+                    c.rows_per_s = round(sample.num_rows / (time.perf_counter() - t0), 1)
+                result.candidates.append(c)
+                on_candidate(c)
+            adapter.close()
+    passing = [c for c in result.candidates if c.passed and c.rows_per_s]
+    if not passing:
+        raise ConfigError("tune: no candidate passed; check the model and runtime.quality_floor")
+    best = max(passing, key=lambda c: c.rows_per_s or 0.0)
+    result.best = best
+    rt = cfg.runtime.model_copy(
+        update={
+            "engine": best.engine,
+            "precision": best.precision,
+            "batch_size": best.batch_size,
+            "threads": best.threads,
+        }
+    )
+    result.config = cfg.model_copy(update={"runtime": rt})
+    return result
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(type(value))
+
+
+def to_toml(cfg: JobConfig, header: str = "") -> str:
+    """The config as TOML, one section per concern (fields left at None are omitted)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, values in cfg.model_dump(mode="json").items():
+        lines.append(f"\n[{section}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None)
+    return "\n".join(lines).lstrip("\n") + "\n"
