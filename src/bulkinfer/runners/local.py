@@ -185,7 +185,7 @@ class LocalRunner:
             return None, good, errors
         return self.adapter.preprocess(table.take(pa.array(good))), good, errors
 
-    def _batches(self, shard: Shard, table: pa.Table, features: Any, good: np.ndarray) -> list[_Batch]:
+    def _batches(self, shard: Shard, features: Any, good: np.ndarray) -> list[_Batch]:
         items: list[_Batch] = []
         costs = self.adapter.cost(features)
         for idx in plan_batches(costs, len(good), self.batch_size, self.cfg.runtime.max_tokens):
@@ -216,7 +216,7 @@ class LocalRunner:
                 features, good, pre_errors = (
                     self._preprocess(shard, rows, table) if table.num_rows else (None, np.empty(0, np.int64), [])
                 )
-                items = self._batches(shard, table, features, good) if len(good) else []
+                items = self._batches(shard, features, good) if len(good) else []
                 self.stats.add_time("preprocess", time.perf_counter() - t0)
                 for item in items:
                     q.put(item)
