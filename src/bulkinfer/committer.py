@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ErrorBudgetExceeded
 from .faults import crash_point
@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from .sources import Shard
 
 __all__ = ["Committer", "RetryCommitter", "RetryUnit", "remaining_work", "retry_units"]
+
+
+def _failed(errors: list[dict[str, Any]]) -> int:
+    """Rows the records stand for (a shard-level record covers several)."""
+    return sum(int(e.get("rows", 1)) for e in errors)
+
+
+def _write_errors(ledger: Ledger, name: str, errors: list[dict[str, Any]]) -> None:
+    ledger.errors_dir.mkdir(exist_ok=True)
+    data = "".join(json.dumps(e, default=str) + "\n" for e in errors).encode()
+    write_bytes(ledger.errors_dir, name, data, len(errors))
 
 
 def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
@@ -66,16 +77,14 @@ class Committer:
     def __call__(self, out: ShardOutput) -> None:
         shard, fmt = out.shard, self.cfg.sink.format
         start = None if shard.start == self.planned_starts[shard.index] else shard.start
-        failed = sum(int(e.get("rows", 1)) for e in out.errors)
+        failed = _failed(out.errors)
         error_file = None
         if out.errors and self.first_error is None:
             e = out.errors[0]
             self.first_error = f"{e['input']} row {e['row']}: {e['error_type']}: {e['message']}"[:300]
         if out.errors:
-            self.ledger.errors_dir.mkdir(exist_ok=True)
             error_file = part_name(shard.index, "jsonl", start)
-            data = "".join(json.dumps(e, default=str) + "\n" for e in out.errors).encode()
-            write_bytes(self.ledger.errors_dir, error_file, data, len(out.errors))
+            _write_errors(self.ledger, error_file, out.errors)
         part = None
         if out.table.num_rows:
             part = write_part(
@@ -146,14 +155,13 @@ class RetryCommitter:
         error_file = None
         if out.errors:
             error_file = f"{name}.jsonl"
-            data = "".join(json.dumps(e, default=str) + "\n" for e in out.errors).encode()
-            write_bytes(self.ledger.errors_dir, error_file, data, len(out.errors))
+            _write_errors(self.ledger, error_file, out.errors)
         part = None
         if out.table.num_rows:
             fmt = self.cfg.sink.format
             part = write_part(self.ledger.out_dir, name + EXTENSIONS[fmt], out.table, fmt, self.cfg.sink.compression)
         c = self.unit.commit
-        failed = sum(int(e.get("rows", 1)) for e in out.errors)
+        failed = _failed(out.errors)
         self.ledger.commit(c.shard, c.start, c.stop, part, failed, error_file, replaces=old)
         (self.ledger.errors_dir / old).unlink(missing_ok=True)
         self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=out.table.num_rows, failed=failed, shards=1)

@@ -86,6 +86,9 @@ def _build(model_dir: str, precision: str, entry: Path) -> None:
     import onnxruntime as ort
 
     entry.parent.mkdir(parents=True, exist_ok=True)
+    for stale in entry.parent.glob(".build-*"):  # left by a build that was killed
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=entry.parent))
     try:
         t0 = time.perf_counter()
