@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,5 +42,6 @@ if __name__ == "__main__":
     out = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 20_000
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 7
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(make_catalog(n, seed), out, row_group_size=4096)
     print(f"wrote {n} rows to {out}")
