@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .committer import remaining_work
 from .errors import OutputError
 from .ledger import ERRORS, SUCCESS, Ledger
+from .sources import Shard
 
 __all__ = ["inspect_output"]
 
@@ -30,10 +32,10 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     job = ledger.read_job()
     if job is None:
         raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
-    shards = job.get("shards", [])
+    shards = [Shard.from_json(s) for s in job.get("shards", [])]
     commits = ledger.commits(repair=False)
-    done = {c.shard for c in commits}
-    rows_planned = sum(s["stop"] - s["start"] for s in shards)
+    todo = remaining_work(shards, commits)  # partial commits leave a shard's tail to do
+    rows_planned = sum(s.num_rows for s in shards)
     rows_committed = sum(c.rows for c in commits)
     report_path = ledger.private / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
@@ -44,11 +46,11 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
         "model": job.get("model"),
         "inputs": len(job.get("inputs", [])),
         "shards_planned": len(shards),
-        "shards_committed": len(done),
-        "shards_remaining": len(shards) - len(done),
+        "shards_committed": len(shards) - len({s.index for s in todo}),
+        "shards_remaining": len({s.index for s in todo}),
         "rows_planned": rows_planned,
         "rows_committed": rows_committed,
-        "rows_remaining": sum(s["stop"] - s["start"] for s in shards if s["index"] not in done),
+        "rows_remaining": sum(s.num_rows for s in todo),
         "error_records": _count_error_records(out / ERRORS),
         "complete": (out / SUCCESS).is_file(),
         "running": holder is not None,
