@@ -185,8 +185,15 @@ def test_sigterm_commits_a_partial_shard_and_resume_does_only_the_rest(workdir):
     ]
     assert commit["start"] == 0 and 0 < commit["stop"] < ROWS and commit["stop"] % 100 == 0  # whole windows
     done = commit["stop"]
-    info = json.loads(subprocess.run([sys.executable, "-m", "bulkinfer", "inspect", "term", "--json"], cwd=workdir,
-                                     capture_output=True, text=True, check=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "bulkinfer", "inspect", "term", "--json"],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert (info["rows_committed"], info["rows_remaining"], info["shards_remaining"]) == (done, ROWS - done, 1)
     (workdir / "inferred.log").unlink()
     rerun = _popen(workdir, "term", args=args)
