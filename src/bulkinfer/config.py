@@ -49,8 +49,8 @@ class SourceConfig(_Section):
 class ModelConfig(_Section):
     name: str = ""
     """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
-    a joblib/pickle file of an estimator, or 'module:attr' naming your own adapter."""
-    kind: Literal["auto", "text-embedding", "tabular", "custom"] = "auto"
+    a joblib/pickle file of an estimator, an .onnx file, or 'module:attr' naming your own adapter."""
+    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom"] = "auto"
     """Adapter family; 'auto' infers it from the model name."""
     text_column: str | None = None
     """Column holding the text to embed (text models)."""
@@ -59,7 +59,8 @@ class ModelConfig(_Section):
     max_seq_length: int | None = Field(default=None, ge=1)
     """Truncate texts to this many tokens; default: the model's own max_seq_length."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Free-form options passed to a custom adapter's constructor."""
+    """Options of the adapter: a custom adapter's constructor arguments; for .onnx models
+    {inputs = {onnx_input = "column"}, outputs = {onnx_output = "column"}}."""
 
 
 class RuntimeConfig(_Section):

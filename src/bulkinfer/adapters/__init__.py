@@ -91,6 +91,8 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
                 kind = "text-embedding"
             elif path.suffix.lower() in TABULAR_SUFFIXES:
                 kind = "tabular"
+            elif path.suffix.lower() == ".onnx":
+                kind = "onnx"
             else:
                 raise ModelError(f"model {name!r}: cannot tell the model kind; set model.kind")
         return ResolvedModel(kind, str(path.resolve()), _digest_path(path))
@@ -124,6 +126,10 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             f"runtime.precision: {cfg.runtime.precision} applies to text models; "
             "tabular and custom models run as they are"
         )
+    if model.kind == "onnx":
+        from .onnx_model import OnnxAdapter
+
+        return OnnxAdapter(model.location, m.feature_columns, m.options)
     if model.kind == "tabular":
         from .tabular import TabularAdapter
 

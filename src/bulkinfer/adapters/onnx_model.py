@@ -1,0 +1,94 @@
+"""Any ``.onnx`` file a user brings (a converted scikit-learn pipeline, an exported network).
+
+Inputs are fed from columns: a model with one 2-D input gets the feature columns stacked
+into one matrix (``model.feature_columns``, in order); otherwise each input takes the
+column of its own name, or the one ``model.options = {inputs = {name = "column"}}``
+maps to it. Each output becomes a column of its own name (2-D outputs become fixed-size
+lists), or ``model.options = {outputs = {name = "column"}}`` renames them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError, ModelError
+from .base import Adapter, SetupContext
+
+__all__ = ["OnnxAdapter"]
+
+_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(string)": np.object_,
+}
+
+
+class OnnxAdapter(Adapter):
+    """Runs an ONNX model with ONNX Runtime over named columns."""
+
+    def __init__(
+        self, model_path: str | Path, feature_columns: Sequence[str] = (), options: Mapping[str, Any] | None = None
+    ) -> None:
+        self.model_path = Path(model_path)
+        opts = dict(options or {})
+        self.input_map: dict[str, str] = dict(opts.get("inputs", {}))
+        self.output_map: dict[str, str] = dict(opts.get("outputs", {}))
+        self.feature_columns = list(feature_columns)
+        self._session: Any = None
+        self._inputs: list[tuple[str, Any, list[Any]]] = []
+        self._describe()
+
+    def _describe(self) -> None:
+        import onnxruntime as ort
+
+        try:
+            session = ort.InferenceSession(str(self.model_path), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelError(f"{self.model_path}: not a loadable ONNX model ({exc})") from exc
+        self._inputs = [(i.name, _NUMPY.get(i.type, np.float32), list(i.shape)) for i in session.get_inputs()]
+        stacked = len(self._inputs) == 1 and len(self._inputs[0][2]) == 2 and not self.input_map
+        if stacked:
+            if not self.feature_columns:
+                raise ConfigError(
+                    f"model.feature_columns: {self.model_path.name} takes one matrix; list the "
+                    "columns that fill it, in order, with --feature-columns a,b,c"
+                )
+            self.input_columns = tuple(self.feature_columns)
+        else:
+            self.input_columns = tuple(self.input_map.get(name, name) for name, _t, _s in self._inputs)
+        self._stacked = stacked
+
+    def setup(self, ctx: SetupContext) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = ctx.threads
+        self._session = ort.InferenceSession(str(self.model_path), so, providers=["CPUExecutionProvider"])
+
+    def predict(self, batch: pa.Table) -> dict[str, Any]:
+        feeds: dict[str, np.ndarray] = {}
+        if self._stacked:
+            name, dtype, _shape = self._inputs[0]
+            cols = [batch.column(c).to_numpy(zero_copy_only=False) for c in self.feature_columns]
+            feeds[name] = np.column_stack(cols).astype(dtype)
+        else:
+            for name, dtype, shape in self._inputs:
+                values = batch.column(self.input_map.get(name, name)).to_numpy(zero_copy_only=False).astype(dtype)
+                feeds[name] = values.reshape(-1, 1) if len(shape) == 2 else values
+        names = [o.name for o in self._session.get_outputs()]
+        outputs = self._session.run(names, feeds)
+        result: dict[str, Any] = {}
+        for name, value in zip(names, outputs, strict=True):
+            arr = np.asarray(value)
+            if arr.ndim == 2 and arr.shape[1] == 1:
+                arr = arr[:, 0]
+            result[self.output_map.get(name, name)] = arr
+        return result
