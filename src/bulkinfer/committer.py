@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import ErrorBudgetExceeded
@@ -39,8 +39,6 @@ def _write_errors(ledger: Ledger, name: str, errors: list[dict[str, Any]]) -> No
 
 def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
     """The row ranges of ``planned`` that no commit covers, as shards (tails keep their index)."""
-    from dataclasses import replace
-
     covered: dict[int, list[tuple[int, int]]] = {}
     for c in commits:
         covered.setdefault(c.shard, []).append((c.start, c.stop))
@@ -117,8 +115,6 @@ class RetryUnit:
 
 def retry_units(ledger: Ledger, planned: list[Shard], commits: list[Commit]) -> list[RetryUnit]:
     """One unit per error file in force, with the rows it lists (a shard-level record lists its whole range)."""
-    from dataclasses import replace
-
     plan = {s.index: s for s in planned}
     superseded = {c.replaces for c in commits if c.replaces}
     units = []

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,7 @@ def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
     for s in shards:
         if left <= 0:
             break
-        out.append(
-            Shard(s.index, s.uri, s.format, s.start, min(s.stop, s.start + left), s.offset, s.end)
-            if s.num_rows > left
-            else s
-        )
+        out.append(replace(s, stop=min(s.stop, s.start + left)) if s.num_rows > left else s)
         left -= s.num_rows
     return out
 
@@ -329,7 +325,7 @@ def _write_report(
     try:
         ledger.write_private("report.json", report)
         write_prometheus(ledger.private / "metrics.prom", report, {"job": fingerprint[:12]})
-    except OSError as exc:  # the report must never hide the run's own outcome
+    except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
 

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import JobMismatchError, LedgerError, LockedError, OutputError
-from .faults import crash_point
-from .sinks import Part, fsync_dir
+from .sinks import Part, write_bytes
 
 __all__ = ["Commit", "Ledger", "active_error_files", "failed_rows"]
 
@@ -74,15 +73,7 @@ def _decode_line(line: str, where: str) -> dict[str, Any]:
 
 
 def _write_atomic(path: Path, text: str, crash_at: str | None = None) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if crash_at:
-        crash_point(crash_at)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_bytes(path.parent, path.name, text.encode("utf-8"), 0, crash_at=crash_at, what="it")
 
 
 def _is_ours(name: str) -> bool:
@@ -258,6 +249,12 @@ class Ledger:
 
     def write_success(self, manifest: Mapping[str, Any]) -> None:
         _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
+
+    def replace_log(self, commits: Iterable[Commit]) -> None:
+        """Swap in a rebuilt commit log (``--repair``); the old one is kept beside it."""
+        if self.log_path.exists():
+            os.replace(self.log_path, self.log_path.with_name(f"commits.log.corrupt-{int(time.time())}"))
+        _write_atomic(self.log_path, "".join(_encode_line(asdict(c)) for c in commits))
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         _write_atomic(self.private / name, json.dumps(data, indent=1))

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import time
 from pathlib import Path
 
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from .errors import LedgerError
-from .ledger import Commit, Ledger, _encode_line, fsync_dir
+from .ledger import Commit, Ledger
 from .sources import Shard
 
 __all__ = ["rebuild_ledger"]
@@ -97,14 +95,5 @@ def rebuild_ledger(ledger: Ledger) -> list[Commit]:
                     latest.name if first and latest else None,
                 )
             )
-    if ledger.log_path.exists():
-        os.replace(ledger.log_path, ledger.log_path.with_name(f"commits.log.corrupt-{int(time.time())}"))
-    tmp = ledger.log_path.with_name(".commits.log.repair")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for c in commits:
-            fh.write(_encode_line(c.__dict__))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, ledger.log_path)
-    fsync_dir(ledger.private)
+    ledger.replace_log(commits)
     return commits

@@ -82,8 +82,13 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
     return write_bytes(out_dir, name, serialize(table, fmt, compression), table.num_rows)
 
 
-def write_bytes(out_dir: Path, name: str, data: bytes, rows: int) -> Part:
-    """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename)."""
+def write_bytes(
+    out_dir: Path, name: str, data: bytes, rows: int, crash_at: str | None = "part-temp-written", what: str = "the part"
+) -> Part:
+    """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename, fsync directory).
+
+    ``crash_at`` names the fault-injection point between the fsync and the rename.
+    """
     tmp = out_dir / f".{name}.tmp-{os.getpid()}"
     final = out_dir / name
     try:
@@ -91,13 +96,13 @@ def write_bytes(out_dir: Path, name: str, data: bytes, rows: int) -> Part:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        crash_point("part-temp-written")
+        if crash_at:
+            crash_point(crash_at)
         os.replace(tmp, final)
         fsync_dir(out_dir)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(
-            f"{final}: cannot write the part ({exc.strerror or exc}); "
-            "free space or fix permissions, then rerun to resume"
+            f"{final}: cannot write {what} ({exc.strerror or exc}); free space or fix permissions, then rerun to resume"
         ) from exc
     return Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
