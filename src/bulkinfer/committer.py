@@ -15,15 +15,26 @@ from typing import TYPE_CHECKING, Any
 from .errors import ErrorBudgetExceeded
 from .faults import crash_point
 from .ledger import ERRORS, Commit, Ledger
-from .sinks import EXTENSIONS, part_name, write_bytes, write_part
+from .sinks import EXTENSIONS, Staged, part_name, publish, serialize, stage_bytes, write_bytes, write_part
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .config import JobConfig
     from .report import RunStats
     from .runners import ShardOutput
     from .sources import Shard
 
-__all__ = ["Committer", "RetryCommitter", "RetryUnit", "remaining_work", "retry_units"]
+__all__ = [
+    "Committer",
+    "RetryCommitter",
+    "RetryUnit",
+    "StagedOutput",
+    "discard",
+    "remaining_work",
+    "retry_units",
+    "stage_output",
+]
 
 
 def _failed(errors: list[dict[str, Any]]) -> int:
@@ -31,10 +42,13 @@ def _failed(errors: list[dict[str, Any]]) -> int:
     return sum(int(e.get("rows", 1)) for e in errors)
 
 
+def _error_bytes(errors: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(e, default=str) + "\n" for e in errors).encode()
+
+
 def _write_errors(ledger: Ledger, name: str, errors: list[dict[str, Any]]) -> None:
     ledger.errors_dir.mkdir(exist_ok=True)
-    data = "".join(json.dumps(e, default=str) + "\n" for e in errors).encode()
-    write_bytes(ledger.errors_dir, name, data, len(errors))
+    write_bytes(ledger.errors_dir, name, _error_bytes(errors), len(errors))
 
 
 def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
@@ -52,6 +66,44 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
         if pos < shard.stop:
             todo.append(replace(shard, start=pos))
     return todo
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    """A finished shard's part and error file, durable under temporary names and not yet
+    committed: what a Ray worker hands back to the driver, which alone commits."""
+
+    shard: Shard
+    part: Staged | None
+    errors: Staged | None
+    failed: int
+    first_error: str | None
+
+
+def stage_output(out_dir: Path, cfg: JobConfig, out: ShardOutput, planned_start: int, tag: str = "") -> StagedOutput:
+    """Write ``out``'s error records and part under temporary names (``tag`` marks the attempt)."""
+    shard, fmt = out.shard, cfg.sink.format
+    start = None if shard.start == planned_start else shard.start
+    errors = part = None
+    first = None
+    if out.errors:
+        e = out.errors[0]
+        first = f"{e['input']} row {e['row']}: {e['error_type']}: {e['message']}"[:300]
+        (out_dir / ERRORS).mkdir(exist_ok=True)
+        name = part_name(shard.index, "jsonl", start)
+        errors = stage_bytes(out_dir / ERRORS, name, _error_bytes(out.errors), len(out.errors), tag)
+    if out.table.num_rows:
+        data = serialize(out.table, fmt, cfg.sink.compression)
+        part = stage_bytes(out_dir, part_name(shard.index, fmt, start), data, out.table.num_rows, tag)
+    return StagedOutput(shard, part, errors, _failed(out.errors), first)
+
+
+def discard(out_dir: Path, staged: StagedOutput) -> None:
+    """Delete the temporary files of an attempt that will not be committed."""
+    if staged.part:
+        (out_dir / staged.part.temp).unlink(missing_ok=True)
+    if staged.errors:
+        (out_dir / ERRORS / staged.errors.temp).unlink(missing_ok=True)
 
 
 @dataclass
@@ -73,24 +125,23 @@ class Committer:
         return by_rate if ex.max_errors is None else min(by_rate, ex.max_errors)
 
     def __call__(self, out: ShardOutput) -> None:
-        shard, fmt = out.shard, self.cfg.sink.format
-        start = None if shard.start == self.planned_starts[shard.index] else shard.start
-        failed = _failed(out.errors)
-        error_file = None
-        if out.errors and self.first_error is None:
-            e = out.errors[0]
-            self.first_error = f"{e['input']} row {e['row']}: {e['error_type']}: {e['message']}"[:300]
-        if out.errors:
-            error_file = part_name(shard.index, "jsonl", start)
-            _write_errors(self.ledger, error_file, out.errors)
-        part = None
-        if out.table.num_rows:
-            part = write_part(
-                self.ledger.out_dir, part_name(shard.index, fmt, start), out.table, fmt, self.cfg.sink.compression
-            )
+        out_dir = self.ledger.out_dir
+        self.publish(stage_output(out_dir, self.cfg, out, self.planned_starts[out.shard.index]))
+
+    def publish(self, staged: StagedOutput) -> None:
+        """Rename the staged files into place, then append the ledger line that makes them count."""
+        shard = staged.shard
+        if staged.first_error and self.first_error is None:
+            self.first_error = staged.first_error
+        error_file = part = None
+        if staged.errors:
+            error_file = publish(self.ledger.errors_dir, staged.errors).name
+        if staged.part:
+            part = publish(self.ledger.out_dir, staged.part)
             crash_point("part-renamed")
-        self.ledger.commit(shard.index, shard.start, shard.stop, part, failed, error_file)
-        self.stats.add_rows(rows_in=shard.num_rows, rows_out=out.table.num_rows, failed=failed, shards=1)
+        self.ledger.commit(shard.index, shard.start, shard.stop, part, staged.failed, error_file)
+        rows_out = part.rows if part else 0
+        self.stats.add_rows(rows_in=shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
         self.on_commit()
         total = self.failed_before + self.stats.rows_failed
         if total > self.budget:

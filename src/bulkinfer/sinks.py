@@ -21,7 +21,18 @@ import pyarrow.parquet as pq
 from .errors import OutputError
 from .faults import crash_point
 
-__all__ = ["EXTENSIONS", "Part", "fsync_dir", "part_name", "serialize", "write_bytes", "write_part"]
+__all__ = [
+    "EXTENSIONS",
+    "Part",
+    "Staged",
+    "fsync_dir",
+    "part_name",
+    "publish",
+    "serialize",
+    "stage_bytes",
+    "write_bytes",
+    "write_part",
+]
 
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv"}
 
@@ -82,27 +93,57 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
     return write_bytes(out_dir, name, serialize(table, fmt, compression), table.num_rows)
 
 
-def write_bytes(
-    out_dir: Path, name: str, data: bytes, rows: int, crash_at: str | None = "part-temp-written", what: str = "the part"
-) -> Part:
-    """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename, fsync directory).
+@dataclass(frozen=True)
+class Staged:
+    """A file written and made durable under a hidden temporary name, not yet in place."""
 
-    ``crash_at`` names the fault-injection point between the fsync and the rename.
+    temp: str
+    part: Part
+
+
+def stage_bytes(out_dir: Path, name: str, data: bytes, rows: int, tag: str = "", what: str = "the part") -> Staged:
+    """Write ``data`` to a hidden temp file beside ``out_dir/name`` and fsync it.
+
+    ``tag`` tells apart attempts that write the same name (a Ray worker's attempt id);
+    by default the process id.
     """
-    tmp = out_dir / f".{name}.tmp-{os.getpid()}"
-    final = out_dir / name
+    tmp = out_dir / f".{name}.tmp-{tag or os.getpid()}"
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(out_dir / name, what, exc) from exc
+    return Staged(tmp.name, Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+
+
+def publish(out_dir: Path, staged: Staged, crash_at: str | None = "part-temp-written", what: str = "the part") -> Part:
+    """Rename a staged file into place and fsync the directory.
+
+    ``crash_at`` names the fault-injection point just before the rename.
+    """
+    tmp, final = out_dir / staged.temp, out_dir / staged.part.name
+    try:
         if crash_at:
             crash_point(crash_at)
         os.replace(tmp, final)
         fsync_dir(out_dir)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise OutputError(
-            f"{final}: cannot write {what} ({exc.strerror or exc}); free space or fix permissions, then rerun to resume"
-        ) from exc
-    return Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        raise _write_error(final, what, exc) from exc
+    return staged.part
+
+
+def write_bytes(
+    out_dir: Path, name: str, data: bytes, rows: int, crash_at: str | None = "part-temp-written", what: str = "the part"
+) -> Part:
+    """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename, fsync directory)."""
+    return publish(out_dir, stage_bytes(out_dir, name, data, rows, what=what), crash_at, what)
+
+
+def _write_error(path: Path, what: str, exc: OSError) -> OutputError:
+    return OutputError(
+        f"{path}: cannot write {what} ({exc.strerror or exc}); free space or fix permissions, then rerun to resume"
+    )
