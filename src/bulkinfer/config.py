@@ -105,8 +105,21 @@ class SinkConfig(_Section):
 
 
 class ExecutionConfig(_Section):
-    backend: Literal["local"] = "local"
-    """Where shards run."""
+    backend: Literal["local", "ray"] = "local"
+    """Where shards run: this process, or Ray actors (a local Ray instance or an existing cluster)."""
+    ray_address: str | None = None
+    """Ray cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); None starts a local Ray instance."""
+    workers: int | None = Field(default=None, ge=1)
+    """Ray workers (actors); None: as many as the cluster's CPUs fit at ``num_cpus`` each."""
+    num_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each Ray worker reserves; its model runs that many intra-op threads."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each Ray worker reserves (fractions share a GPU)."""
+    worker_timeout_s: float = Field(default=60.0, gt=0)
+    """A Ray worker that answers no heartbeat for this long is presumed dead; its shard is re-queued."""
+    split_min_rows: int = Field(default=512, ge=0)
+    """Straggler split: when a worker is idle, a running shard with at least twice this many rows left
+    gives half of them to it; 0 turns splitting off."""
     overwrite: bool = False
     """Discard an output directory that holds a different job instead of refusing."""
     progress: Literal["auto", "bar", "log", "none"] = "auto"

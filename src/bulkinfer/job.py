@@ -225,6 +225,9 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                     f"{committer.failed_before} rows already failed, over the error budget of {committer.budget}; "
                     f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
                 )
+            elif todo and cfg.execution.backend == "ray":
+                _execute_ray(cfg, adapter, todo, committer, stats, stop, gate)
+                todo = []
             elif todo:
                 _execute(cfg, adapter, [(todo, committer, None)], stats, stop, gate)
                 todo = []
@@ -265,18 +268,51 @@ def _execute(
     if missing:
         raise ConfigError("model: the adapter names an empty input column")
     runner = LocalRunner(cfg, adapter, stats, stop)
-    out_dir = passes[0][1].ledger.out_dir
-    with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress:
+    with _running(cfg, stats, stop, passes[0][1].ledger.out_dir) as progress:
         runner.on_progress = progress.update
-        with _signals(stop):
-            try:
-                for shards, committer, rows in passes:
-                    committer.on_commit = progress.update
-                    runner.run(shards, committer, rows)
-                    if stop.is_set():
-                        break
-            finally:
-                adapter.close()
+        try:
+            for shards, committer, rows in passes:
+                committer.on_commit = progress.update
+                runner.run(shards, committer, rows)
+                if stop.is_set():
+                    break
+        finally:
+            adapter.close()
+
+
+def _execute_ray(
+    cfg: JobConfig,
+    adapter: Any,
+    shards: list[Shard],
+    committer: Committer,
+    stats: RunStats,
+    stop: threading.Event,
+    gate: Callable[[], None],
+) -> None:
+    """Run ``shards`` on Ray workers; the quality gate runs here, before any worker starts."""
+    from .runners.ray import RayRunner
+
+    runner = RayRunner(cfg, stats, stop)
+    if cfg.runtime.precision != "fp32":
+        adapter.setup(SetupContext(threads=cfg.runtime.threads or available_cpus(), device=cfg.runtime.device))
+        try:
+            gate()
+        finally:
+            adapter.close()
+    ledger = committer.ledger
+    with _running(cfg, stats, stop, ledger.out_dir) as progress:
+        committer.on_commit = progress.update
+        try:
+            runner.run(shards, committer)
+        finally:  # attempts that lost a race or were cut off leave temp files behind
+            ledger.remove_uncommitted(ledger.commits())
+
+
+@contextmanager
+def _running(cfg: JobConfig, stats: RunStats, stop: threading.Event, out_dir: Path) -> Iterator[Progress]:
+    """Progress display and signal handling around a run; ``Interrupted`` once stopped."""
+    with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress, _signals(stop):
+        yield progress
     if stop.is_set():
         raise Interrupted(f"{out_dir}: interrupted; committed rows are kept, rerun the same command to resume")
 

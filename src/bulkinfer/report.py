@@ -49,6 +49,7 @@ class RunStats:
     wait_for_input_s: float = 0.0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     quality: dict[str, Any] | None = None
+    backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -70,6 +71,28 @@ class RunStats:
             self.rows_out += rows_out
             self.rows_failed += failed
             self.shards_committed += shards
+
+    def worker_figures(self) -> dict[str, Any]:
+        """The counters a Ray worker measures, to be merged into the driver's with :meth:`merge`."""
+        with self._lock:
+            return {
+                "stage_s": dict(self.stage_s),
+                "wait_for_input_s": self.wait_for_input_s,
+                "rows_inferred": self.rows_inferred,
+                "tokens": self.tokens,
+                "padded_tokens": self.padded_tokens,
+                "batch_sizes": dict(self.batch_sizes),
+            }
+
+    def merge(self, figures: dict[str, Any]) -> None:
+        with self._lock:
+            for stage, seconds in figures["stage_s"].items():
+                self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
+            self.wait_for_input_s += figures["wait_for_input_s"]
+            self.rows_inferred += figures["rows_inferred"]
+            self.tokens += figures["tokens"]
+            self.padded_tokens += figures["padded_tokens"]
+            self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
 
     def mark_running(self) -> None:
         """The model is set up: throughput is measured from here."""
@@ -116,6 +139,7 @@ class RunStats:
                 "padding_ratio": round(self.padded_tokens / self.tokens, 4) if self.tokens else None,
             },
             "quality": self.quality,
+            **({"backend": self.backend} if self.backend else {}),
             "cost": {
                 "instance_price_per_hour": price_per_hour,
                 "currency": currency,

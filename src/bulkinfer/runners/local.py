@@ -100,6 +100,7 @@ class _ShardEnd:
     shard: Shard
     failed_from: int | None = None
     error: BaseException | None = None
+    stop: int | None = None  # the shard was split: its rows end here
 
 
 @dataclass
@@ -133,6 +134,39 @@ class LocalRunner:
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
+        self._lock = threading.Lock()
+        self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
+        self._limits: dict[int, int] = {}  # shard index -> the row it was split at
+
+    # -- splitting (stragglers) ---------------------------------------------------
+    def progress(self) -> dict[int, int]:
+        """The first row not yet read of each shard still being read."""
+        with self._lock:
+            return dict(self._next_read)
+
+    def split(self, index: int, at: int, stop: int) -> int | None:
+        """End shard ``index`` at row ``at`` or the first row after it not yet read, whichever
+        is later; return that row, or None when the shard is read (or nearly) already.
+        The caller owns the rows from there to ``stop``."""
+        with self._lock:
+            if index not in self._next_read:
+                return None
+            accepted = max(at, self._next_read[index])
+            if accepted >= stop:
+                return None
+            self._limits[index] = min(accepted, self._limits.get(index, stop))
+            return self._limits[index]
+
+    def _cut(self, shard: Shard, table: pa.Table) -> tuple[pa.Table, int | None]:
+        """Drop a window's rows at or after the split point, if the shard was split."""
+        last = int(table.column(ROW)[-1].as_py())
+        with self._lock:
+            limit = self._limits.get(shard.index)
+            if limit is None or limit > last:
+                self._next_read[shard.index] = last + 1
+                return table, None
+            self._next_read.pop(shard.index, None)
+        return table.filter(pc.less(table.column(ROW), limit)), limit
 
     # -- producer ------------------------------------------------------------
     def _windows(self, shard: Shard, on_bad_row: Callable[[int, str], None]) -> Iterator[pa.Table]:
@@ -201,12 +235,18 @@ class LocalRunner:
         """Queue the shard's batches and window ends; False when told to stop."""
         bad_rows: list[tuple[int, str]] = []
         next_row = shard.start
+        with self._lock:
+            self._next_read[shard.index] = shard.start
+            self._limits.pop(shard.index, None)
         try:
-            for table in self._windows(shard, lambda row, msg: bad_rows.append((row, msg))):
+            for window in self._windows(shard, lambda row, msg: bad_rows.append((row, msg))):
                 if self.stop.is_set() or self._halt.is_set():
                     return False
                 t0 = time.perf_counter()
-                last = int(table.column(ROW)[-1].as_py())
+                last = int(window.column(ROW)[-1].as_py())
+                table, limit = self._cut(shard, window)
+                if limit is not None:
+                    last = limit - 1
                 errors = [error_record(shard, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
                 bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
                 if self.row_filter is not None:
@@ -222,14 +262,26 @@ class LocalRunner:
                     q.put(item)
                 next_row = max([last, *(e["row"] for e in errors)]) + 1
                 q.put(_WindowEnd(shard, rows, table.select(self.passthrough), errors + pre_errors, next_row))
+                if limit is not None:
+                    q.put(_ShardEnd(shard, stop=limit))
+                    return True
         except SourceError as exc:
             q.put(_ShardEnd(shard, failed_from=next_row, error=exc))
             return True
+        finally:
+            with self._lock:
+                self._next_read.pop(shard.index, None)
+        with self._lock:  # split after the last window was read: the tail is empty
+            limit = self._limits.get(shard.index)
         if bad_rows:  # rows after the last good one
-            errors = [error_record(shard, r, "read", m) for r, m in bad_rows if self._wanted(r)]
+            errors = [
+                error_record(shard, r, "read", m)
+                for r, m in bad_rows
+                if self._wanted(r) and (limit is None or r < limit)
+            ]
             empty = pa.table({c: pa.array([], pa.null()) for c in self.passthrough})
-            q.put(_WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, shard.stop))
-        q.put(_ShardEnd(shard))
+            q.put(_WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, limit or shard.stop))
+        q.put(_ShardEnd(shard, stop=limit))
         return True
 
     def _produce(self, shards: Sequence[Shard], q: queue.Queue[Any]) -> None:
@@ -385,6 +437,8 @@ class LocalRunner:
                     self._assemble(state, item)
                 elif isinstance(item, _ShardEnd):
                     del states[key]
+                    if item.stop is not None:
+                        state.shard = replace(state.shard, stop=item.stop)
                     if item.error is not None:
                         assert item.failed_from is not None
                         n = item.shard.stop - item.failed_from

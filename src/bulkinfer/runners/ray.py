@@ -1,0 +1,450 @@
+"""The Ray runner: the same job on Ray actors, committed by the driver alone.
+
+::
+
+    driver (this process)                         worker actor × N (set up once)
+      plan, ledger lock, queue of shards  ──────▶  LocalRunner over one shard
+      heartbeat, straggler splits                  (read ▸ tokenize ▸ infer ▸ serialise)
+      rename + ledger line  ◀─ staged files ────  part and errors under .tmp-<attempt> names
+
+Workers pull one shard at a time, so a slow worker takes fewer. A worker writes its
+shard's part under a temporary name on the shared output and reports it; only the
+driver renames it into place and appends the ledger line, so the exactly-once guarantee
+is the local one. When a worker or its node dies, its shard goes back on the queue; when
+a worker is presumed dead (no heartbeat for ``execution.worker_timeout_s``) and comes
+back, the first attempt of a row range to finish is committed and any later one is
+deleted. An idle worker takes the second half of the remaining rows of a running shard
+(``execution.split_min_rows``). The driver keeps no state that the ledger does not:
+after the driver dies, rerunning the command resumes.
+
+Only this module imports ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..committer import Committer, StagedOutput, discard, stage_output
+from ..config import JobConfig
+from ..errors import BulkinferError, ConfigError, ModelError
+from ..report import RunStats
+from ..sources import Shard
+
+__all__ = ["RayRunner"]
+
+log = logging.getLogger("bulkinfer")
+
+_HEARTBEAT_S = 1.0
+_STOP_GRACE_S = 30.0
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "execution.backend = 'ray' needs Ray: pip install 'bulkinfer[ray]' (or 'ray[default]')"
+        ) from exc
+    return ray
+
+
+class Worker:
+    """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
+
+    def __init__(self, cfg_json: dict[str, Any], out_dir: str, cwd: str, paths: list[str]) -> None:
+        from ..adapters import SetupContext, build_adapter, resolve_model
+
+        if os.path.isdir(cwd):  # relative input paths and custom modules resolve as on the driver
+            os.chdir(cwd)
+        for p in reversed(paths):
+            if p not in sys.path and os.path.isdir(p):
+                sys.path.insert(0, p)
+        self.cfg = JobConfig.model_validate(cfg_json)
+        self.out_dir = Path(out_dir)
+        self.runner: Any = None
+        self.error: BaseException | None = None
+        threads = max(1, int(self.cfg.execution.num_cpus))
+        try:
+            self.adapter = build_adapter(self.cfg, resolve_model(self.cfg))
+            ctx = SetupContext(threads=threads, device=self.cfg.runtime.device, options=self.cfg.model.options)
+            self.adapter.setup(ctx)
+        except BaseException as exc:  # reported by ready(), raised by the driver
+            self.error = exc
+
+    def ready(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
+
+    def process(self, shard: Shard, planned_start: int, tag: str) -> dict[str, Any]:
+        from .local import LocalRunner
+
+        if self.error is not None:
+            raise self.error
+        stats = RunStats()
+        runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
+        staged: list[StagedOutput] = []
+        self.runner = runner
+        try:
+            runner.run(
+                [shard], lambda out: staged.append(stage_output(self.out_dir, self.cfg, out, planned_start, tag))
+            )
+        finally:
+            self.runner = None
+        return {"staged": staged[0], "figures": stats.worker_figures()}
+
+    def progress(self) -> dict[int, int]:
+        runner = self.runner
+        return runner.progress() if runner is not None else {}
+
+    def split(self, index: int, at: int, stop: int) -> int | None:
+        runner = self.runner
+        return runner.split(index, at, stop) if runner is not None else None
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One worker actor and what the driver knows of it."""
+
+    actor: Any
+    name: str
+    ready: Any  # the ready() reference while starting, then None
+    attempt: _Attempt | None = None
+    suspect: bool = False  # presumed dead: no new work until it answers again
+    probe: Any = None
+    probe_sent: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Attempt:
+    shard: Shard  # the rows this attempt still owns (a split moves ``stop``)
+    tag: str
+    slot: _Slot
+    ref: Any
+    next_read: int
+    abandoned: bool = False  # re-queued after its worker was presumed dead
+
+
+class RayRunner:
+    """Runs shards on Ray actors; ``committer.publish`` commits each staged result."""
+
+    def __init__(self, cfg: JobConfig, stats: RunStats, stop: threading.Event) -> None:
+        self.cfg = cfg
+        self.ex = cfg.execution
+        self.stats = stats
+        self.stop = stop
+        self.ray = _ray()
+        self.slots: list[_Slot] = []
+        self.todo: deque[Shard] = deque()
+        self.attempts: dict[Any, _Attempt] = {}
+        self.covered: dict[int, list[tuple[int, int]]] = {}
+        self.rows_left = 0
+        self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0}
+        self._n = 0
+        self._actor_class: Any = None
+        self.target = 0
+
+    # -- cluster ---------------------------------------------------------------------
+    def _connect(self) -> bool:
+        """Join the configured cluster or start a local instance; True when we started it."""
+        ray = self.ray
+        if ray.is_initialized():
+            return False
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+        try:
+            if self.ex.ray_address:
+                ray.init(address=self.ex.ray_address, **kwargs)
+            else:
+                ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = self.ex.ray_address or "a local Ray instance"
+            raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc
+        return True
+
+    def _size(self) -> int:
+        """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
+        nodes = [n["Resources"] for n in self.ray.nodes() if n.get("Alive")]
+        need = {"CPU": self.ex.num_cpus, "GPU": self.ex.num_gpus}
+        fit = 0
+        for res in nodes:
+            fit += int(min(res.get(k, 0.0) // v for k, v in need.items() if v > 0))
+        if fit == 0:
+            largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
+            gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
+            raise ConfigError(
+                f"execution.num_cpus={self.ex.num_cpus:g}, num_gpus={self.ex.num_gpus:g}: no node of the Ray cluster "
+                f"fits one worker (largest node: {largest:g} CPUs, {gpus:g} GPUs); lower them"
+            )
+        if self.ex.workers and self.ex.workers > fit:
+            log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
+        return min(self.ex.workers or fit, fit)
+
+    def _start_worker(self, out_dir: Path) -> _Slot:
+        self._n += 1
+        if self._actor_class is None:
+            self._actor_class = self.ray.remote(Worker)
+        remote = self._actor_class.options(
+            num_cpus=self.ex.num_cpus,
+            num_gpus=self.ex.num_gpus,
+            max_concurrency=3,  # process() in one thread; progress() and split() answer beside it
+            max_restarts=0,
+            scheduling_strategy="SPREAD",
+        )
+        actor = remote.remote(
+            self.cfg.model_dump(mode="json"), str(out_dir.resolve()), os.getcwd(), [os.getcwd(), *sys.path]
+        )
+        self.counts["workers_started"] += 1
+        return _Slot(actor, f"worker-{self._n}", actor.ready.remote())
+
+    # -- main loop ---------------------------------------------------------------------
+    def run(self, shards: Sequence[Shard], committer: Committer) -> None:
+        """Run ``shards`` to completion (or until ``stop``); each result is committed once."""
+        started_here = self._connect()
+        out_dir = committer.ledger.out_dir
+        try:
+            n = self._size()
+            log.info(
+                "ray: %d worker(s) × %g CPU on %d node(s)",
+                n,
+                self.ex.num_cpus,
+                sum(1 for x in self.ray.nodes() if x.get("Alive")),
+            )
+            self.slots = [self._start_worker(out_dir) for _ in range(n)]
+            self.target = n
+            self.todo = deque(shards)
+            self.rows_left = sum(s.num_rows for s in shards)
+            while self.rows_left > 0:
+                if self.stop.is_set():
+                    self._wind_down(committer)
+                    break
+                self._check_started()
+                self._assign(committer)
+                self._collect(committer, timeout=0.2)
+                self._heartbeat()
+                self._split_stragglers()
+                self._replace_lost(out_dir)
+        finally:
+            self.stats.backend = {"name": "ray", "workers": self.target, **self.counts}
+            for slot in self.slots:
+                self.ray.kill(slot.actor, no_restart=True)
+            if started_here:
+                self.ray.shutdown()
+
+    def _check_started(self) -> None:
+        starting = [s for s in self.slots if s.ready is not None]
+        if not starting:
+            return
+        done, _ = self.ray.wait([s.ready for s in starting], num_returns=len(starting), timeout=0)
+        for slot in starting:
+            if slot.ready not in done:
+                continue
+            try:
+                info = self.ray.get(slot.ready)
+            except self.ray.exceptions.RayError as exc:
+                self._lost(slot, f"died while starting ({_short(exc)})")
+                continue
+            slot.ready = None
+            if info["error"] is not None:
+                err = info["error"]
+                raise err if isinstance(err, BulkinferError) else ModelError(f"model set-up failed on a worker: {err}")
+            slot.last_seen = time.monotonic()
+            if self.stats.running_since is None:
+                self.stats.mark_running()
+            log.info("%s ready (pid %s on %s)", slot.name, info["pid"], info["host"])
+
+    def _assign(self, committer: Committer) -> None:
+        for slot in self.slots:
+            if not self.todo:
+                return
+            if slot.ready is None and slot.attempt is None and not slot.suspect:
+                shard = self.todo.popleft()
+                if self._is_covered(shard):
+                    continue
+                tag = uuid.uuid4().hex[:12]
+                ref = slot.actor.process.remote(shard, committer.planned_starts[shard.index], tag)
+                attempt = _Attempt(shard, tag, slot, ref, shard.start)
+                slot.attempt = attempt
+                slot.last_seen = time.monotonic()
+                self.attempts[ref] = attempt
+
+    def _collect(self, committer: Committer, timeout: float) -> None:
+        refs = list(self.attempts)
+        if not refs:
+            time.sleep(timeout)
+            return
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for ref in done:
+            attempt = self.attempts.pop(ref, None)
+            if attempt is None:
+                continue
+            slot = attempt.slot
+            try:
+                result = self.ray.get(ref)
+            except self.ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, BulkinferError):
+                    raise cause from None
+                where = f"{attempt.shard.uri}: a worker failed on rows {_rows(attempt.shard)}"
+                raise ModelError(f"{where}: {cause or exc}") from None
+            except self.ray.exceptions.RayError as exc:
+                self._lost(slot, _short(exc))
+                continue
+            if slot.attempt is attempt:
+                slot.attempt = None
+            slot.suspect = False
+            slot.last_seen = time.monotonic()
+            self._accept(committer, result)
+
+    def _accept(self, committer: Committer, result: dict[str, Any]) -> None:
+        staged: StagedOutput = result["staged"]
+        shard = staged.shard
+        if self._overlaps(shard.index, shard.start, shard.stop):
+            discard(committer.ledger.out_dir, staged)
+            self.counts["discarded"] += 1
+            log.info(
+                "rows %s of shard %d were committed by another attempt; this one is discarded",
+                _rows(shard),
+                shard.index,
+            )
+            return
+        committer.publish(staged)
+        self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
+        self.rows_left -= shard.num_rows
+        self.stats.merge(result["figures"])
+
+    def _overlaps(self, index: int, start: int, stop: int) -> bool:
+        return any(a < stop and start < b for a, b in self.covered.get(index, []))
+
+    def _is_covered(self, shard: Shard) -> bool:
+        return self._overlaps(shard.index, shard.start, shard.stop)
+
+    # -- faults ------------------------------------------------------------------------
+    def _requeue(self, attempt: _Attempt, why: str) -> None:
+        if attempt.abandoned:
+            return
+        attempt.abandoned = True
+        if not self._is_covered(attempt.shard):
+            self.todo.appendleft(attempt.shard)
+            self.counts["requeued"] += 1
+            log.warning(
+                "%s %s; rows %s of %s re-queued", attempt.slot.name, why, _rows(attempt.shard), attempt.shard.uri
+            )
+
+    def _lost(self, slot: _Slot, why: str) -> None:
+        if slot not in self.slots:
+            return
+        self.slots.remove(slot)
+        self.counts["workers_lost"] += 1
+        if slot.attempt is not None:
+            self._requeue(slot.attempt, f"died ({why})")
+            self.attempts = {r: a for r, a in self.attempts.items() if a.slot is not slot}
+        else:
+            log.warning("%s died (%s)", slot.name, why)
+        self.ray.kill(slot.actor, no_restart=True)
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        for slot in list(self.slots):
+            if slot.attempt is None and not slot.suspect:
+                continue
+            if slot.probe is not None:
+                done, _ = self.ray.wait([slot.probe], timeout=0)
+                if done:
+                    try:
+                        answer = self.ray.get(slot.probe)
+                    except self.ray.exceptions.RayError as exc:
+                        self._lost(slot, _short(exc))
+                        continue
+                    slot.probe = None
+                    slot.last_seen = now
+                    if slot.attempt is not None and slot.attempt.shard.index in answer:
+                        slot.attempt.next_read = answer[slot.attempt.shard.index]
+                elif now - slot.last_seen > self.ex.worker_timeout_s and not slot.suspect:
+                    slot.suspect = True
+                    if slot.attempt is not None:
+                        self._requeue(slot.attempt, f"answered no heartbeat for {self.ex.worker_timeout_s:g} s")
+            if slot.probe is None and now - slot.probe_sent >= _HEARTBEAT_S:
+                slot.probe = slot.actor.progress.remote()
+                slot.probe_sent = now
+
+    def _replace_lost(self, out_dir: Path) -> None:
+        live = [s for s in self.slots if not s.suspect]
+        if len(self.slots) < self.target and self._fits():
+            self.slots.append(self._start_worker(out_dir))
+            return
+        if not live and self.todo:
+            suspects = [s for s in self.slots if s.suspect]
+            if not suspects and not self._fits():
+                raise BulkinferError(
+                    "every Ray worker is gone and the cluster has no room for a new one; "
+                    "rerun when it has (committed shards are kept)"
+                )
+
+    def _fits(self) -> bool:
+        free = self.ray.available_resources()
+        return bool(
+            free.get("CPU", 0.0) >= self.ex.num_cpus
+            and (self.ex.num_gpus == 0 or free.get("GPU", 0.0) >= self.ex.num_gpus)
+        )
+
+    # -- stragglers and stopping ---------------------------------------------------------
+    def _split_stragglers(self) -> None:
+        if self.todo or self.ex.split_min_rows == 0:
+            return
+        idle = [s for s in self.slots if s.ready is None and s.attempt is None and not s.suspect]
+        if not idle:
+            return
+        running = [a for a in self.attempts.values() if not a.abandoned and not a.slot.suspect]
+        running.sort(key=lambda a: a.shard.stop - a.next_read, reverse=True)
+        for attempt in running[: len(idle)]:
+            left = attempt.shard.stop - attempt.next_read
+            if left < 2 * self.ex.split_min_rows:
+                return
+            at = self._ask_split(attempt, attempt.next_read + left // 2)
+            if at is not None:
+                self.todo.append(replace(attempt.shard, start=at))
+                log.info(
+                    "straggler: rows %d..%d of shard %d go to an idle worker",
+                    at,
+                    attempt.shard.stop,
+                    attempt.shard.index,
+                )
+                attempt.shard = replace(attempt.shard, stop=at)
+                self.counts["splits"] += 1
+
+    def _ask_split(self, attempt: _Attempt, at: int) -> int | None:
+        s = attempt.shard
+        try:
+            accepted = self.ray.get(attempt.slot.actor.split.remote(s.index, at, s.stop), timeout=10)
+        except self.ray.exceptions.RayError:
+            return None  # the heartbeat deals with a worker that does not answer
+        return None if accepted is None else int(accepted)
+
+    def _wind_down(self, committer: Committer) -> None:
+        """On stop: each running shard ends at the rows already read; commit those, then return."""
+        for attempt in list(self.attempts.values()):
+            if not attempt.abandoned:
+                at = self._ask_split(attempt, attempt.next_read)
+                if at is not None:
+                    attempt.shard = replace(attempt.shard, stop=at)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
+            self._collect(committer, timeout=0.5)
+
+
+def _rows(shard: Shard) -> str:
+    return f"{shard.start}..{shard.stop}"
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

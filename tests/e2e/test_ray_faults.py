@@ -1,0 +1,141 @@
+"""Faults on a real multi-node Ray cluster on this machine: a node dies, the driver dies.
+
+The cluster (`ray.cluster_utils.Cluster`: a head with no CPUs and two 1-CPU worker nodes,
+each its own raylet) lives for the module; `bulkinfer run --backend ray` joins it from a
+subprocess, as it would join a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from helpers import read_output, write
+
+ADAPTER = textwrap.dedent("""
+    import time
+    import pyarrow.compute as pc
+
+    def slow_double(table):
+        time.sleep(0.02 * table.num_rows)
+        return {"y": pc.multiply(table["x"], 2)}
+""")
+
+ROWS = 600
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+        },
+    )
+    for _ in range(2):
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def _job(tmp_path: Path) -> list[str]:
+    (tmp_path / "rayfaults.py").write_text(ADAPTER)
+    t = pa.table({"id": np.arange(ROWS), "x": np.arange(ROWS)})
+    write(t, tmp_path / "in.parquet", row_group_size=50)
+    return [
+        "-i",
+        "in.parquet",
+        "-m",
+        "rayfaults:slow_double",
+        "--feature-columns",
+        "x",
+        "--id-column",
+        "id",
+        "--shard-rows",
+        "50",
+        "--output",
+        "out",
+        "--progress",
+        "log",
+        "--set",
+        "runtime.batch_size=10",
+        "--set",
+        "execution.backend='ray'",
+        "--set",
+        "execution.split_min_rows=0",
+    ]
+
+
+def _start(args: list[str], cwd: Path, address: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "bulkinfer", "run", *args, "--set", f"execution.ray_address='{address}'"]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    log = out / "_bulkinfer" / "commits.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no commit in time")
+
+
+def _assert_exactly_once(out: Path) -> None:
+    table = read_output(out).sort_by("id")
+    assert table["id"].to_pylist() == list(range(ROWS))  # every id, none twice
+    assert table["y"].to_pylist() == [2 * i for i in range(ROWS)]
+    assert json.loads((out / "_SUCCESS").read_text())["rows"] == ROWS
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staged file left behind
+
+
+def test_node_dies_mid_job_its_shard_is_requeued(tmp_path, cluster):
+    proc = _start(_job(tmp_path), tmp_path, cluster.address)
+    _wait_commits(tmp_path / "out", 1, proc)
+    victim = next(n for n in cluster.worker_nodes)
+    cluster.remove_node(victim, allow_graceful=False)
+    try:
+        _, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr
+        _assert_exactly_once(tmp_path / "out")
+        report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
+        assert report["backend"]["workers_lost"] == 1
+        assert report["backend"]["requeued"] == 1
+        assert "re-queued" in stderr
+    finally:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+
+
+def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
+    args = _job(tmp_path)
+    proc = _start(args, tmp_path, cluster.address)
+    _wait_commits(tmp_path / "out", 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    committed = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
+    assert 2 <= committed < ROWS // 50
+    rerun = _start(args, tmp_path, cluster.address)
+    _, stderr = rerun.communicate(timeout=180)
+    assert rerun.returncode == 0, stderr
+    _assert_exactly_once(tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
+    assert report["rows_already_done"] == committed * 50
+    assert report["rows_in"] == ROWS - committed * 50

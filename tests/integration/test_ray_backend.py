@@ -1,0 +1,200 @@
+"""`execution.backend = "ray"` on a real local Ray instance (2 CPUs), started once for the module."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import textwrap
+import threading
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from bulkinfer import load_config, run_job
+from bulkinfer.committer import Committer
+from bulkinfer.errors import ConfigError
+from bulkinfer.ledger import Ledger
+from bulkinfer.report import RunStats
+from bulkinfer.sources import list_inputs, plan_shards
+
+from helpers import make_catalog, read_output, tabular_table, train_classifier, write
+
+ADAPTERS = textwrap.dedent("""
+    import time
+    import pyarrow.compute as pc
+
+    def slow_on_flag(table):
+        # rows flagged slow cost 10 ms each: their shard is the straggler
+        time.sleep(0.01 * sum(table["slow"].to_pylist()))
+        return {"y": pc.multiply(table["x"], 2)}
+""")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def user_module(tmp_path, monkeypatch):
+    name = f"raymodels_{uuid.uuid4().hex[:8]}"  # Ray may reuse worker processes: a fresh name each test
+    (tmp_path / f"{name}.py").write_text(ADAPTERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def _cfg(out, paths, **extra):
+    base = {
+        "source.paths": [str(p) for p in paths],
+        "source.id_column": "id",
+        "sink.path": str(out),
+        "execution.progress": "none",
+    }
+    return load_config(overrides={**base, **extra})
+
+
+def _success(out):
+    return json.loads((out / "_SUCCESS").read_text())
+
+
+def test_ray_embeddings_equal_local(tmp_path, local_ray):
+    write(make_catalog(300, seed=5), tmp_path / "in.parquet", row_group_size=100)
+    common = {"model.name": "minilm", "model.text_column": "description", "source.shard_rows": 100}
+    run_job(_cfg(tmp_path / "local", [tmp_path / "in.parquet"], **common))
+    result = run_job(
+        _cfg(
+            tmp_path / "ray",
+            [tmp_path / "in.parquet"],
+            **common,
+            **{"execution.backend": "ray", "execution.workers": 2},
+        )
+    )
+    local, ray_out = read_output(tmp_path / "local").sort_by("id"), read_output(tmp_path / "ray").sort_by("id")
+    assert ray_out["id"].to_pylist() == local["id"].to_pylist() == list(range(300))
+    a = np.stack(local["embedding"].to_numpy(zero_copy_only=False))
+    b = np.stack(ray_out["embedding"].to_numpy(zero_copy_only=False))
+    assert np.abs(a - b).max() < 1e-5
+    assert _success(tmp_path / "ray")["rows"] == _success(tmp_path / "local")["rows"] == 300
+    assert sorted(f["name"] for f in _success(tmp_path / "ray")["files"]) == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    assert result.report["backend"]["name"] == "ray"
+    assert result.report["backend"]["workers"] == 2
+    assert result.report["rows_out"] == 300
+
+
+def test_ray_sklearn_equals_local(tmp_path, local_ray):
+    model = train_classifier(tmp_path / "model.joblib")
+    t = tabular_table(900, seed=3)
+    write(t, tmp_path / "in.parquet", row_group_size=150)
+    common = {
+        "model.name": str(model),
+        "model.feature_columns": ["x1", "x2", "x3"],
+        "source.shard_rows": 300,
+        "sink.keep_columns": ["segment"],
+    }
+    run_job(_cfg(tmp_path / "local", [tmp_path / "in.parquet"], **common))
+    run_job(_cfg(tmp_path / "ray", [tmp_path / "in.parquet"], **common, **{"execution.backend": "ray"}))
+    local, ray_out = read_output(tmp_path / "local").sort_by("id"), read_output(tmp_path / "ray").sort_by("id")
+    assert ray_out.num_rows == 900
+    assert ray_out.equals(local)
+    assert _success(tmp_path / "ray")["rows"] == 900
+
+
+def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module):
+    """A worker presumed dead comes back and finishes the shard another worker redid."""
+    t = pa.table({"id": np.arange(200), "x": np.arange(200), "slow": np.zeros(200, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = _cfg(
+        out,
+        [tmp_path / "in.parquet"],
+        **{
+            "model.name": f"{user_module}:slow_on_flag",
+            "model.feature_columns": ["x", "slow"],
+            "execution.backend": "ray",
+        },
+    )
+    shards = plan_shards(list_inputs(cfg.source.paths, "auto"), 1000)
+    ledger = Ledger(out)
+    ledger.acquire()
+    stats = RunStats(rows_planned=200)
+    committer = Committer(cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=0)
+    from bulkinfer.runners.ray import RayRunner
+
+    runner = RayRunner(cfg, stats, threading.Event())
+    slots = [runner._start_worker(out) for _ in range(2)]
+    assert [local_ray.get(s.ready)["error"] for s in slots] == [None, None]
+    refs = [s.actor.process.remote(shards[0], 0, f"attempt{i}") for i, s in enumerate(slots)]
+    results = local_ray.get(refs)
+    assert len(list(out.glob(".part-00000.parquet.tmp-attempt*"))) == 2  # both staged, neither visible
+    for result in results:
+        runner._accept(committer, result)
+    assert runner.counts["discarded"] == 1
+    assert [(c.shard, c.start, c.stop, c.rows) for c in ledger.commits()] == [(0, 0, 200, 200)]
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["part-00000.parquet"]
+    assert read_output(out).sort_by("id")["y"].to_pylist() == [2 * i for i in range(200)]
+    for s in slots:
+        local_ray.kill(s.actor)
+    ledger.release()
+
+
+def test_straggler_shard_is_split_and_its_tail_runs_elsewhere(tmp_path, local_ray, user_module):
+    slow = pa.table({"id": np.arange(600), "x": np.arange(600), "slow": np.ones(600, dtype=np.int64)})
+    fast = pa.table({"id": np.arange(600, 640), "x": np.arange(600, 640), "slow": np.zeros(40, dtype=np.int64)})
+    write(slow, tmp_path / "a.parquet")
+    write(fast, tmp_path / "b.parquet")
+    cfg = _cfg(
+        tmp_path / "out",
+        [tmp_path / "a.parquet", tmp_path / "b.parquet"],
+        **{
+            "model.name": f"{user_module}:slow_on_flag",
+            "model.feature_columns": ["x", "slow"],
+            "source.shard_rows": 1000,
+            "runtime.batch_size": 10,
+            "runtime.sort_window": 20,
+            "runtime.prefetch_batches": 2,
+            "execution.backend": "ray",
+            "execution.workers": 2,
+            "execution.split_min_rows": 50,
+        },
+    )
+    result = run_job(cfg)
+    assert result.report["backend"]["splits"] >= 1
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out["id"].to_pylist() == list(range(640))
+    assert out["y"].to_pylist() == [2 * i for i in range(640)]
+    names = [f["name"] for f in _success(tmp_path / "out")["files"]]
+    assert "part-00000.parquet" in names
+    assert any(n.startswith("part-00000_") for n in names)  # the tail, committed beside its head
+    commits = sorted((c.start, c.stop) for c in Ledger(tmp_path / "out").commits() if c.shard == 0)
+    assert commits[0][0] == 0 and commits[-1][1] == 600
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(commits))  # contiguous, no overlap
+
+
+def test_worker_that_fits_no_node_is_a_clear_error(tmp_path, local_ray, user_module):
+    t = pa.table({"id": np.arange(10), "x": np.arange(10), "slow": np.zeros(10, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet")
+    cfg = _cfg(
+        tmp_path / "out",
+        [tmp_path / "in.parquet"],
+        **{
+            "model.name": f"{user_module}:slow_on_flag",
+            "model.feature_columns": ["x", "slow"],
+            "execution.backend": "ray",
+            "execution.num_cpus": 3,
+        },
+    )
+    with pytest.raises(ConfigError, match=r"num_cpus=3.*no node of the Ray cluster fits one worker.*2 CPUs"):
+        run_job(cfg)
