@@ -99,6 +99,11 @@ def run(
         Path | None, typer.Option(help="Run again only the rows in OUTPUT/_errors/ (the job comes from OUTPUT).")
     ] = None,
     progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
+    backend: Annotated[str | None, typer.Option(help="local (this process) or ray.")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray workers (default: as many as the cluster fits).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
@@ -120,6 +125,9 @@ def run(
         "execution.overwrite": overwrite or None,
         "execution.repair": repair or None,
         "execution.progress": progress,
+        "execution.backend": backend,
+        "execution.ray_address": ray_address,
+        "execution.workers": workers,
     }
     from .job import run_job
 
@@ -149,6 +157,12 @@ def run(
         + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
         + f"; report: {result.output / '_bulkinfer' / 'report.json'}"
     )
+    if "backend" in r:
+        b = r["backend"]
+        typer.echo(
+            f"ray: {b['workers']} worker(s), {b['splits']} straggler split(s), {b['requeued']} shard(s) re-queued, "
+            f"{b['discarded']} duplicate attempt(s) discarded, {b['workers_lost']} worker(s) lost"
+        )
     if r["cost"]["per_million_rows"] is not None and r["cost"]["instance_price_per_hour"]:
         typer.echo(f"cost: {r['cost']['per_million_rows']:.4f} {r['cost']['currency']} per million rows")
 

@@ -20,7 +20,7 @@ from bulkinfer.ledger import Ledger
 from bulkinfer.report import RunStats
 from bulkinfer.sources import list_inputs, plan_shards
 
-from helpers import make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
 
 ADAPTERS = textwrap.dedent("""
     import time
@@ -198,3 +198,16 @@ def test_worker_that_fits_no_node_is_a_clear_error(tmp_path, local_ray, user_mod
     )
     with pytest.raises(ConfigError, match=r"num_cpus=3.*no node of the Ray cluster fits one worker.*2 CPUs"):
         run_job(cfg)
+
+
+def test_unreachable_cluster_address_is_one_line(tmp_path):
+    write(make_catalog(10), tmp_path / "in.parquet")
+    proc = cli(
+        "run", "-i", "in.parquet", "-m", "minilm", "--text-column", "description", "-o", "out",
+        "--backend", "ray", "--ray-address", "127.0.0.1:1", cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "bulkinfer: error: execution.ray_address '127.0.0.1:1': nothing answers there (Connection refused); "
+        "start the cluster (ray start --head) or fix the address"
+    ]

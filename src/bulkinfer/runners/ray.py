@@ -160,6 +160,7 @@ class RayRunner:
         ray = self.ray
         if ray.is_initialized():
             return False
+        _reachable(self.ex.ray_address)
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
         try:
             if self.ex.ray_address:
@@ -440,6 +441,23 @@ class RayRunner:
         deadline = time.monotonic() + _STOP_GRACE_S
         while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
             self._collect(committer, timeout=0.5)
+
+
+def _reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Fail fast on a cluster address nothing answers at (Ray itself retries for minutes)."""
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"execution.ray_address {address!r}: expected auto, ray://host:port or host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"execution.ray_address {address!r}: nothing answers there ({exc.strerror or exc}); "
+            "start the cluster (ray start --head) or fix the address"
+        ) from exc
 
 
 def _rows(shard: Shard) -> str:
