@@ -2,14 +2,17 @@
 
 Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick]
 
-Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, then, in
-each round, runs the anchor script (../shared/bench/anchor_st.py, batch 32) and `bulkinfer
-run` in each engine/precision (Parquet in, Parquet out), plus the bare-engine limit
-(bench/limit_engine.py: pre-tokenized, length-sorted batches, no I/O) of the default
-engine. It prints every rows/s, the ratio to the anchor of the same round, and the median
-over rounds. Figures exclude model loading on both sides: the anchor's `job_s` starts after
-the model is loaded, bulkinfer's `run_s` after set-up (the ONNX export is cached by a
-warm-up run first). `--quick` runs only the anchor and the default configuration.
+Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, runs
+`bulkinfer tune` on it once, then, in each round, runs the anchors (the sentence-transformers
+script ../shared/bench/anchor_st.py, batch 32, and the Ray Data guide pattern
+../shared/bench/anchor_ray.py) and `bulkinfer run` in each engine/precision, on the Ray
+backend (one worker of 2 CPUs) and with the tuned job (Parquet in, Parquet out), plus the
+bare-engine limit (bench/limit_engine.py: pre-tokenized, length-sorted batches, no I/O) of
+the default engine. It prints every rows/s, the ratios to the anchors of the same round,
+and the median over rounds. Figures exclude model loading: the anchors' `job_s` starts
+after the model is loaded (Ray Data's includes its actor start), bulkinfer's `run_s` after
+set-up (the ONNX export is cached by a warm-up run first). `--quick` runs only the
+sentence-transformers anchor and the default configuration.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ VARIANTS = {
     "default (onnxruntime fp32)": [],
     "onnxruntime int8 (gated)": ["--set", "runtime.precision=int8"],
     "torch bf16 (gated)": ["--set", "runtime.precision=bf16"],
+    "ray backend (1 worker x 2 CPUs)": ["--backend", "ray", "--workers", "1", "--set", "execution.num_cpus=2"],
+    "after bulkinfer tune": [str(WORK / "tuned.toml")],
 }
+LOCAL = "default (onnxruntime fp32)"
 
 
 def sh(*args: str) -> str:
@@ -39,11 +45,18 @@ def sh(*args: str) -> str:
     return subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout
 
 
-def anchor(corpus: Path) -> float:
-    out = sh(sys.executable, str(SHARED / "anchor_st.py"), str(corpus), str(WORK / "anchor.parquet"), "32")
-    match = re.search(r"rows_per_s=([\d.]+)", out)
-    assert match, out
+def anchor(corpus: Path, script: str = "anchor_st.py", out: str = "anchor.parquet") -> float:
+    shutil.rmtree(WORK / out, ignore_errors=True)
+    text = sh(sys.executable, str(SHARED / script), str(corpus), str(WORK / out), "32")
+    match = re.search(r"rows_per_s=([\d.]+)", text)
+    assert match, text
     return float(match.group(1))
+
+
+def tune(corpus: Path) -> None:
+    exe = str(Path(sys.executable).parent / "bulkinfer")
+    args = ["-i", str(corpus), "-m", "minilm", "--text-column", "description", "-o", str(WORK / "tuned.toml")]
+    sh(exe, "tune", *args)
 
 
 def bulkinfer(corpus: Path, extra: list[str]) -> dict:
@@ -78,19 +91,26 @@ def limit(corpus: Path) -> float:
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 5000
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
-    variants = {k: v for k, v in VARIANTS.items() if "--quick" not in sys.argv or k.startswith("default")}
+    variants = {k: v for k, v in VARIANTS.items() if "--quick" not in sys.argv or k == LOCAL}
     WORK.mkdir(parents=True, exist_ok=True)
     corpus = WORK / f"corpus_{rows}.parquet"
     if not corpus.exists():
         sh(sys.executable, str(SHARED / "make_corpus.py"), str(corpus), str(rows))
+    quick = "--quick" in sys.argv
+    if not quick:
+        tune(corpus)
     for extra in variants.values():  # warm-up: compile and cache each engine once, untimed
         bulkinfer(corpus, [*extra, "--limit-rows", "64"])
-    results: dict[str, list[float]] = {"anchor": [], "bare engine limit": [], **{k: [] for k in variants}}
+    anchors = ["anchor"] if quick else ["anchor", "ray data pattern"]
+    results: dict[str, list[float]] = {k: [] for k in [*anchors, "bare engine limit", *variants]}
     reports: dict[str, dict] = {}
     for i in range(repeat):
         a = anchor(corpus)
         results["anchor"].append(a)
         line = [f"round {i + 1}: sentence-transformers script {a:.1f} rows/s"]
+        if not quick:
+            results["ray data pattern"].append(anchor(corpus, "anchor_ray.py", "anchor_ray"))
+            line.append(f"ray data pattern {results['ray data pattern'][-1]:.1f}")
         for name, extra in variants.items():
             rep = bulkinfer(corpus, extra)
             reports[name] = rep
@@ -102,9 +122,14 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\nmedian over {repeat} round(s), {rows} rows, this machine:")
     for name, value in med.items():
-        print(f"  {name:32s} {value:8.1f} rows/s   {value / med['anchor']:.2f}x the sentence-transformers script")
-    default = "default (onnxruntime fp32)"
-    print(f"  default end to end / bare engine limit: {med[default] / med['bare engine limit']:.2f}")
+        vs_ray = f", {value / med['ray data pattern']:.2f}x the Ray Data pattern" if not quick else ""
+        print(
+            f"  {name:32s} {value:8.1f} rows/s   {value / med['anchor']:.2f}x the sentence-transformers script{vs_ray}"
+        )
+    print(f"  default end to end / bare engine limit: {med[LOCAL] / med['bare engine limit']:.2f}")
+    ray = "ray backend (1 worker x 2 CPUs)"
+    if ray in med:
+        print(f"  ray backend / local backend: {med[ray] / med[LOCAL]:.2f}")
     for name, rep in reports.items():
         q = rep.get("quality")
         gate = f" quality={json.dumps({k: q[k] for k in ('mean_cosine', 'min_cosine', 'top10_overlap')})}" if q else ""

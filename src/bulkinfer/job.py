@@ -300,12 +300,14 @@ def _execute_ray(
         finally:
             adapter.close()
     ledger = committer.ledger
-    with _running(cfg, stats, stop, ledger.out_dir) as progress:
-        committer.on_commit = progress.update
-        try:
+    runner.connect()
+    try:
+        with _running(cfg, stats, stop, ledger.out_dir) as progress:
+            committer.on_commit = progress.update
             runner.run(shards, committer)
-        finally:  # attempts that lost a race or were cut off leave temp files behind
-            ledger.remove_uncommitted(ledger.commits())
+    finally:
+        runner.close()
+        ledger.remove_uncommitted(ledger.commits())  # attempts that lost a race or were cut off
 
 
 @contextmanager

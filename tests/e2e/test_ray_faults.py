@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bulkinfer.ledger import Ledger
+
 from helpers import read_output, write
 
 ADAPTER = textwrap.dedent("""
@@ -139,3 +141,19 @@ def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
     report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
     assert report["rows_already_done"] == committed * 50
     assert report["rows_in"] == ROWS - committed * 50
+
+
+def test_sigterm_commits_what_workers_read_then_exits_75(tmp_path, cluster):
+    small_windows = ["--set", "runtime.sort_window=10", "--set", "runtime.prefetch_batches=1"]
+    args = [*_job(tmp_path), "--shard-rows", "150", *small_windows]
+    proc = _start(args, tmp_path, cluster.address)
+    _wait_commits(tmp_path / "out", 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 75, stderr
+    commits = Ledger(tmp_path / "out").commits()
+    assert any(c.stop % 150 for c in commits)  # the shards in flight were cut where their workers had read
+    rerun = _start(args, tmp_path, cluster.address)
+    _, stderr = rerun.communicate(timeout=180)
+    assert rerun.returncode == 0, stderr
+    _assert_exactly_once(tmp_path / "out")

@@ -152,14 +152,16 @@ class RayRunner:
         self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0}
         self._n = 0
         self._actor_class: Any = None
+        self.started_ray = False
         self.target = 0
 
     # -- cluster ---------------------------------------------------------------------
-    def _connect(self) -> bool:
-        """Join the configured cluster or start a local instance; True when we started it."""
+    def connect(self) -> None:
+        """Join the configured cluster or start a local instance (ray.init installs its own
+        SIGTERM handler: connect before installing the job's)."""
         ray = self.ray
         if ray.is_initialized():
-            return False
+            return
         _reachable(self.ex.ray_address)
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
         try:
@@ -170,7 +172,17 @@ class RayRunner:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.ex.ray_address or "a local Ray instance"
             raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc
-        return True
+        self.started_ray = True
+
+    def close(self) -> None:
+        """Stop the workers, and the Ray instance if this runner started it."""
+        self.stats.backend = {"name": "ray", "workers": self.target, **self.counts}
+        for slot in self.slots:
+            self.ray.kill(slot.actor, no_restart=True)
+        self.slots = []
+        if self.started_ray:
+            self.ray.shutdown()
+            self.started_ray = False
 
     def _size(self) -> int:
         """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
@@ -209,37 +221,27 @@ class RayRunner:
 
     # -- main loop ---------------------------------------------------------------------
     def run(self, shards: Sequence[Shard], committer: Committer) -> None:
-        """Run ``shards`` to completion (or until ``stop``); each result is committed once."""
-        started_here = self._connect()
+        """Run ``shards`` to completion (or until ``stop``); each result is committed once.
+        Call :meth:`connect` first and :meth:`close` after."""
+        self.connect()
         out_dir = committer.ledger.out_dir
-        try:
-            n = self._size()
-            log.info(
-                "ray: %d worker(s) × %g CPU on %d node(s)",
-                n,
-                self.ex.num_cpus,
-                sum(1 for x in self.ray.nodes() if x.get("Alive")),
-            )
-            self.slots = [self._start_worker(out_dir) for _ in range(n)]
-            self.target = n
-            self.todo = deque(shards)
-            self.rows_left = sum(s.num_rows for s in shards)
-            while self.rows_left > 0:
-                if self.stop.is_set():
-                    self._wind_down(committer)
-                    break
-                self._check_started()
-                self._assign(committer)
-                self._collect(committer, timeout=0.2)
-                self._heartbeat()
-                self._split_stragglers()
-                self._replace_lost(out_dir)
-        finally:
-            self.stats.backend = {"name": "ray", "workers": self.target, **self.counts}
-            for slot in self.slots:
-                self.ray.kill(slot.actor, no_restart=True)
-            if started_here:
-                self.ray.shutdown()
+        n = self._size()
+        nodes = sum(1 for x in self.ray.nodes() if x.get("Alive"))
+        log.info("ray: %d worker(s) × %g CPU on %d node(s)", n, self.ex.num_cpus, nodes)
+        self.slots = [self._start_worker(out_dir) for _ in range(n)]
+        self.target = n
+        self.todo = deque(shards)
+        self.rows_left = sum(s.num_rows for s in shards)
+        while self.rows_left > 0:
+            if self.stop.is_set():
+                self._wind_down(committer)
+                return
+            self._check_started()
+            self._assign(committer)
+            self._collect(committer, timeout=0.2)
+            self._heartbeat()
+            self._split_stragglers()
+            self._replace_lost(out_dir)
 
     def _check_started(self) -> None:
         starting = [s for s in self.slots if s.ready is not None]
