@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -77,8 +77,9 @@ class RuntimeConfig(_Section):
     """Rows of the job's input the quality gate compares on."""
     device: str = "cpu"
     """Torch device: 'cpu', 'cuda', 'cuda:1'."""
-    batch_size: int = Field(default=16, ge=1)
-    """Maximum rows per model call."""
+    batch_size: int | Literal["auto"] = 16
+    """Maximum rows per model call; "auto": the fastest size `bulkinfer tune` measured for this
+    model, engine and precision on this machine (16 when it has not been run)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Token budget per model call (rows x padded length) for text models; None: rows only."""
     sort_window: int = Field(default=2048, ge=1)
@@ -89,6 +90,20 @@ class RuntimeConfig(_Section):
     """Bounded queue depth between reading/tokenizing and inference."""
     batch_timeout_s: float | None = Field(default=None, gt=0)
     """A model call running longer is abandoned and retried on smaller batches, then its rows fail."""
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError('expected a whole number >= 1 or "auto"')
+
+    @property
+    def rows_per_call(self) -> int:
+        """``batch_size`` once "auto" has been resolved (``run_job`` does that first)."""
+        if self.batch_size == "auto":
+            raise ConfigError('runtime.batch_size = "auto" was not resolved; run the job through run_job')
+        return self.batch_size
 
 
 class SinkConfig(_Section):

@@ -92,6 +92,14 @@ def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
     return out
 
 
+def _auto_batch(cfg: JobConfig, model_digest: str) -> JobConfig:
+    from .tune import auto_batch_size
+
+    size, why = auto_batch_size(cfg, model_digest)
+    log.info("runtime.batch_size = auto: %d (%s)", size, why)
+    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"batch_size": size})})
+
+
 @contextmanager
 def _signals(stop: threading.Event) -> Iterator[None]:
     """First SIGTERM/SIGINT: stop taking work, exit 75. Second: leave at once (still exit 75)."""
@@ -130,6 +138,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     stop = stop or threading.Event()
     started = time.time()
     model = resolve_model(cfg)
+    if cfg.runtime.batch_size == "auto":
+        cfg = _auto_batch(cfg, model.digest)
     adapter = build_adapter(cfg, model)
     passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
@@ -337,7 +347,7 @@ def _quality_gate(
         adapter,
         reference,
         sample,
-        batch_size=rt.batch_size,
+        batch_size=rt.rows_per_call,
         floor=rt.quality_floor,
         precision=rt.precision,
         threads=rt.threads or available_cpus(),

@@ -9,18 +9,23 @@ config (the job's own, with ``runtime`` changed) and a table of every candidate.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
 from .config import JobConfig
+from .engines import choose_engine, default_cache_dir
 from .errors import BulkinferError, ConfigError, QualityGateError
 from .quality import quality_gate, run_adapter, sample_rows
 from .sources import list_inputs, plan_shards
 
-__all__ = ["Candidate", "TuneResult", "to_toml", "tune"]
+__all__ = ["Candidate", "TuneResult", "auto_batch_size", "results_path", "to_toml", "tune"]
 
 PRECISIONS = (("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32"), ("torch", "bf16"))
 BATCH_SIZES = (8, 16, 32, 64)
@@ -123,7 +128,65 @@ def tune(
         }
     )
     result.config = cfg.model_copy(update={"runtime": rt})
+    _save(results_path(cfg, model.digest), result)
     return result
+
+
+DEFAULT_BATCH = 16
+
+
+def _machine() -> str:
+    """What makes a measurement hold on another machine: CPU model, CPUs usable, architecture."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:  # pragma: no cover - not Linux
+        cpu = platform.processor()
+    return f"{cpu} x{available_cpus()} {platform.machine()}"
+
+
+def results_path(cfg: JobConfig, model_digest: str) -> Path:
+    """Where ``tune`` keeps its measurements for this model, device and machine."""
+    root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
+    key = hashlib.sha256(f"{_machine()}|{cfg.runtime.device}".encode()).hexdigest()[:12]
+    return root / "tune" / f"{model_digest[:16]}-{key}.json"
+
+
+def _save(path: Path, result: TuneResult) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"machine": _machine(), "measured": time.time(), "candidates": [asdict(c) for c in result.candidates]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    tmp.replace(path)
+
+
+def auto_batch_size(cfg: JobConfig, model_digest: str) -> tuple[int, str]:
+    """The batch size for ``runtime.batch_size = "auto"``, and where it came from.
+
+    The fastest gate-passing size ``tune`` measured for this model with the job's engine and
+    precision on this machine (preferring the job's thread count); else 16.
+    """
+    rt = cfg.runtime
+    path = results_path(cfg, model_digest)
+    try:
+        candidates = json.loads(path.read_text())["candidates"]
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_BATCH, "no tune result for this model on this machine; run bulkinfer tune to measure"
+    engine = choose_engine(rt.engine, rt.precision, rt.device)
+    threads = rt.threads or available_cpus()
+    same = [
+        c
+        for c in candidates
+        if c["engine"] == engine and c["precision"] == rt.precision and c["passed"] and c["rows_per_s"]
+    ]
+    same = [c for c in same if c["threads"] == threads] or same
+    if not same:
+        return DEFAULT_BATCH, f"tune measured no passing {engine} {rt.precision} candidate; using the default"
+    best = max(same, key=lambda c: c["rows_per_s"])
+    return int(best["batch_size"]), f"measured by bulkinfer tune: {best['rows_per_s']} rows/s, {path}"
 
 
 def _toml_value(value: Any) -> str:

@@ -130,7 +130,7 @@ class LocalRunner:
         self.on_progress: Callable[[], None] = lambda: None
         self.row_filter: frozenset[int] | None = None  # only these rows (--retry-errors)
         self._filter_array = pa.array([], pa.int64())
-        self.batch_size = cfg.runtime.batch_size
+        self.batch_size = cfg.runtime.rows_per_call
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
