@@ -185,7 +185,7 @@ class JobConfig(_Section):
 def _format_validation_error(exc: ValidationError, origin: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field (see `bulkinfer run --help` for the fields)"
     elif "input" in err and not isinstance(err["input"], dict):

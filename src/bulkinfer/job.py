@@ -97,6 +97,10 @@ def _auto_batch(cfg: JobConfig, model_digest: str) -> JobConfig:
 
     size, why = auto_batch_size(cfg, model_digest)
     log.info("runtime.batch_size = auto: %d (%s)", size, why)
+    return _with_batch(cfg, size)
+
+
+def _with_batch(cfg: JobConfig, size: int) -> JobConfig:
     return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"batch_size": size})})
 
 
@@ -141,6 +145,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     if cfg.runtime.batch_size == "auto":
         cfg = _auto_batch(cfg, model.digest)
     adapter = build_adapter(cfg, model)
+    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
+        cfg = _with_batch(cfg, adapter.batch_size_hint)
     passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
         log.info("output order is not the input order and no id column is kept")

@@ -60,7 +60,7 @@ def test_help_lists_every_config_field():
     ("args", "needle"),
     [
         (["--set", "runtime.batchsize=3"], "runtime.batchsize: unknown field"),
-        (["--set", "runtime.batch_size=0"], "runtime.batch_size: Input should be greater than or equal to 1"),
+        (["--set", "runtime.batch_size=0"], 'runtime.batch_size: expected a whole number >= 1 or "auto" (got 0)'),
         (["-i", "missing/*.parquet"], "missing/*.parquet: the pattern matches no file"),
         (["-m", "nope.joblib"], "model 'nope.joblib': no such file"),
         (

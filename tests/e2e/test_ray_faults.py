@@ -148,6 +148,7 @@ def test_sigterm_commits_what_workers_read_then_exits_75(tmp_path, cluster):
     args = [*_job(tmp_path), "--shard-rows", "150", *small_windows]
     proc = _start(args, tmp_path, cluster.address)
     _wait_commits(tmp_path / "out", 1, proc)
+    time.sleep(1.5)  # the freed worker is halfway into its next shard (150 rows x 20 ms)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stderr

@@ -50,6 +50,9 @@ class Adapter:
 
     #: Input columns the adapter reads; set by the constructor or the subclass.
     input_columns: Sequence[str] = ()
+    #: Rows per model call when ``runtime.batch_size`` is not set: models that are cheap per
+    #: row (trees, linear models) want batches of thousands; None keeps the default (16).
+    batch_size_hint: int | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         """Load the model. Called once per worker before any batch."""

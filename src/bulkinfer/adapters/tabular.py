@@ -26,6 +26,8 @@ TABULAR_SUFFIXES = (".joblib", ".pkl", ".pickle")
 class TabularAdapter(Adapter):
     """Runs a joblib-saved estimator (scikit-learn, LightGBM, XGBoost's sklearn API...)."""
 
+    batch_size_hint = 65536  # one call per window: per-call overhead dwarfs per-row cost
+
     def __init__(self, model_path: str | Path, feature_columns: Sequence[str] = ()) -> None:
         import joblib
 

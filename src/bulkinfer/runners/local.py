@@ -170,7 +170,7 @@ class LocalRunner:
 
     # -- producer ------------------------------------------------------------
     def _windows(self, shard: Shard, on_bad_row: Callable[[int, str], None]) -> Iterator[pa.Table]:
-        window = self.cfg.runtime.sort_window
+        window = max(self.cfg.runtime.sort_window, self.batch_size)  # a window holds at least one batch
         pending: list[pa.RecordBatch] = []
         rows = 0
         t0 = time.perf_counter()
