@@ -34,6 +34,7 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) bench/bench_run.py 5000 --repeat 3
 	$(PY) bench/bench_tabular.py 1000000 --repeat 3
+	$(PY) bench/bench_serve.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -242,6 +242,46 @@ def tune(
 
 
 @app.command()
+def serve(
+    config: Annotated[Path | None, typer.Argument(help="Job file (TOML): its model, engine and precision.")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="minilm, a model directory, a .joblib file, or module:attr.")
+    ] = None,
+    text_column: Annotated[str | None, typer.Option(help="Column holding the text (text models).")] = None,
+    feature_columns: Annotated[
+        list[str] | None, typer.Option(help="Feature columns (tabular models); comma-separated.")
+    ] = None,
+    id_column: Annotated[str | None, typer.Option(help="Row id column, echoed in answers when sent.")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 8000; 0: any free port).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Any config field: --set serve.max_batch_size=32.")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+) -> None:
+    """Answer online requests with the job's model: POST /v1/predict, /v1/embeddings (OpenAI-compatible)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _setup_logging(quiet)
+    overrides: dict[str, Any] = {
+        "model.name": model,
+        "model.text_column": text_column,
+        "model.feature_columns": _split(feature_columns),
+        "source.id_column": id_column,
+        "serve.host": host,
+        "serve.port": port,
+    }
+    from .serve import serve as run_server
+
+    try:
+        run_server(load_config(config, overrides, set_))
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
 def inspect(
     output: Annotated[Path, typer.Argument(help="An output directory of bulkinfer run.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

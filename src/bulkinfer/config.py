@@ -158,6 +158,27 @@ class CostConfig(_Section):
     """Currency of the price."""
 
 
+class ServeConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address `bulkinfer serve` binds to (loopback unless told otherwise)."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port of `bulkinfer serve` (0: any free port, printed at start)."""
+    max_batch_size: int = Field(default=64, ge=1)
+    """Dynamic batching: concurrent requests are merged into one model call of at most this many rows."""
+    max_wait_ms: float = Field(default=5.0, ge=0)
+    """Dynamic batching: how long the first request of a batch waits for others to join it."""
+    max_queue_rows: int = Field(default=1024, ge=1)
+    """Rows waiting for the model beyond which requests get 503 with Retry-After instead of queueing."""
+    max_rows_per_request: int = Field(default=256, ge=1)
+    """A request with more rows gets 413."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """A request body larger than this gets 413."""
+    api_keys_file: str | None = None
+    """File with one API key per line; when set, requests need `Authorization: Bearer <key>`."""
+    results: str | None = None
+    """Output directory of a finished Parquet run: GET /v1/results/{id} answers from it."""
+
+
 class JobConfig(_Section):
     source: SourceConfig = Field(default_factory=SourceConfig)
     """Where the rows come from."""
@@ -171,6 +192,8 @@ class JobConfig(_Section):
     """How the job is driven."""
     cost: CostConfig = Field(default_factory=CostConfig)
     """Cost accounting."""
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    """`bulkinfer serve`: the HTTP server over the same adapter."""
 
     def require_runnable(self) -> None:
         """Refuse a config that cannot run, naming the missing field."""

@@ -254,7 +254,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             status = "failed"
             raise
         finally:
-            stats.finished = time.perf_counter()
+            stats.finished = stats.finished or time.perf_counter()
             engine = getattr(adapter, "engine_name", cfg.runtime.engine)
             report = _write_report(cfg, ledger, stats, status, fingerprint, model.kind, engine)
         if status == "complete" and not todo:
@@ -321,6 +321,7 @@ def _execute_ray(
         with _running(cfg, stats, stop, ledger.out_dir) as progress:
             committer.on_commit = progress.update
             runner.run(shards, committer)
+            stats.finished = time.perf_counter()  # the last commit; stopping Ray's processes is not the job's time
     finally:
         runner.close()
         ledger.remove_uncommitted(ledger.commits())  # attempts that lost a race or were cut off

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import JobConfig
 from ..errors import ConfigError, ModelError
-from .base import Adapter, SetupContext, available_cpus, to_arrow_column
+from .base import Adapter, SetupContext, available_cpus, predict_table, to_arrow_column
 
 __all__ = [
     "Adapter",
@@ -22,6 +22,7 @@ __all__ = [
     "SetupContext",
     "available_cpus",
     "build_adapter",
+    "predict_table",
     "resolve_model",
     "to_arrow_column",
 ]

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..batching import plan_batches, restore_order
 from ..errors import ModelError
 
-__all__ = ["Adapter", "SetupContext", "available_cpus", "to_arrow_column"]
+__all__ = ["Adapter", "SetupContext", "available_cpus", "predict_table", "to_arrow_column"]
 
 
 def available_cpus() -> int:
@@ -108,3 +109,23 @@ def to_arrow_column(values: Any, name: str = "column") -> pa.Array:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ModelError(f"output {name!r}: cannot convert to an Arrow column ({exc})") from exc
+
+
+def predict_table(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, pa.Array]:
+    """Every output column of ``adapter`` over ``table`` as Arrow arrays, in row order: the
+    columns and types an offline run writes (the online server answers with these)."""
+    features = adapter.preprocess(table)
+    batches = plan_batches(adapter.cost(features), table.num_rows, batch_size)
+    pieces = []
+    for idx in batches:
+        columns = adapter.postprocess(adapter.predict(adapter.select(features, idx)))
+        pieces.append({name: to_arrow_column(values, name) for name, values in columns.items()})
+    _rows, take = restore_order(batches)
+    order = pa.array(take)
+    out = {}
+    for name in pieces[0] if pieces else []:
+        column = pa.concat_arrays([p[name] for p in pieces])
+        if len(column) != table.num_rows:
+            raise ModelError(f"output {name!r} has {len(column)} values for {table.num_rows} rows")
+        out[name] = column.take(order)
+    return out

@@ -1,0 +1,47 @@
+"""``bulkinfer serve``: the job's adapter behind HTTP, with dynamic micro-batching.
+
+The same adapter, engine and precision as ``bulkinfer run``, so online answers equal the
+offline output (tested). Imports starlette and uvicorn only when used.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
+
+__all__ = ["serve"]
+
+log = logging.getLogger("bulkinfer")
+
+
+def serve(cfg: JobConfig) -> None:
+    """Serve ``cfg``'s model until interrupted (SIGINT/SIGTERM: finish requests, then stop)."""
+    import uvicorn
+
+    from ..errors import ConfigError
+    from .app import build_app
+
+    if not cfg.model.name:
+        raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+    app = build_app(cfg)
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.serve.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.serve.host, cfg.serve.port))
+    except OSError as exc:
+        raise ConfigError(
+            f"serve.port: cannot listen on {cfg.serve.host}:{cfg.serve.port} ({exc.strerror or exc})"
+        ) from exc
+    host, port = sock.getsockname()[:2]
+    log.info(
+        "serving %s at http://%s:%d (POST /v1/predict, /v1/embeddings; GET /readyz, /metrics)",
+        cfg.model.name,
+        host,
+        port,
+    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

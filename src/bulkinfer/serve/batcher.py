@@ -1,0 +1,133 @@
+"""Dynamic micro-batching: requests that arrive together share one model call.
+
+One thread owns the model. It takes the first waiting request, lets others join for up to
+``max_wait_s`` or until ``max_rows`` rows are gathered, runs the merged table through the
+adapter, and hands each request its own slice. When the merged call fails, the requests
+are bisected (the engine's :func:`~bulkinfer.batching.bisect_call`) so a bad row fails
+only its own request. The queue is bounded in rows: past ``max_queue_rows`` a request is
+refused at once (:class:`Overloaded`) rather than left to time out.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from ..adapters import Adapter, predict_table
+from ..batching import bisect_call
+
+__all__ = ["Batcher", "Overloaded"]
+
+
+class Overloaded(Exception):
+    """The queue is full; the client should retry later."""
+
+
+@dataclass
+class _Request:
+    table: pa.Table
+    future: Future[dict[str, pa.Array]] = field(default_factory=Future)
+
+
+class Batcher:
+    """Merges concurrent requests into model calls of at most ``max_rows`` rows."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        *,
+        max_rows: int,
+        max_wait_s: float,
+        max_queue_rows: int,
+        on_batch: Callable[[int, int], None] = lambda rows, requests: None,
+    ) -> None:
+        self.adapter = adapter
+        self.max_rows = max_rows
+        self.max_wait_s = max_wait_s
+        self.max_queue_rows = max_queue_rows
+        self.on_batch = on_batch
+        self.queued_rows = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._held: _Request | None = None  # the request that did not fit in the last batch
+        self._thread = threading.Thread(target=self._loop, name="bulkinfer-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, table: pa.Table) -> Future[dict[str, pa.Array]]:
+        """Queue ``table``'s rows; the future gives its output columns (or the model's error)."""
+        with self._lock:
+            if self.queued_rows + table.num_rows > self.max_queue_rows and self.queued_rows > 0:
+                raise Overloaded(f"{self.queued_rows} rows are waiting (serve.max_queue_rows={self.max_queue_rows})")
+            self.queued_rows += table.num_rows
+        request = _Request(table)
+        self._queue.put(request)
+        return request.future
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _next(self, timeout: float | None) -> _Request | None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            return held
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _loop(self) -> None:
+        while True:
+            first = self._next(None)
+            if first is None:
+                return
+            batch, rows = [first], first.table.num_rows
+            deadline = time.monotonic() + self.max_wait_s
+            while rows < self.max_rows:
+                nxt = self._next(max(0.0, deadline - time.monotonic()))
+                if nxt is None:
+                    break
+                if rows + nxt.table.num_rows > self.max_rows:
+                    self._held = nxt
+                    break
+                batch.append(nxt)
+                rows += nxt.table.num_rows
+            with self._lock:
+                self.queued_rows -= rows
+            self.on_batch(rows, len(batch))
+            self._run(batch)
+
+    def _infer(self, requests: list[_Request]) -> list[dict[str, pa.Array]]:
+        merged = pa.concat_tables([r.table for r in requests], promote_options="permissive")
+        columns = predict_table(self.adapter, merged, max(merged.num_rows, 1))
+        out, start = [], 0
+        for r in requests:
+            n = r.table.num_rows
+            out.append({name: col.slice(start, n) for name, col in columns.items()})
+            start += n
+        return out
+
+    def _run(self, batch: list[_Request]) -> None:
+        try:
+            for request, result in zip(batch, self._infer(batch), strict=True):
+                request.future.set_result(result)
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+                return
+        done, failed = bisect_call(
+            np.arange(len(batch)), lambda idx: self._infer([batch[i] for i in idx]), known_bad=True
+        )
+        for idx, results in done:
+            for i, result in zip(idx, results, strict=True):
+                batch[int(i)].future.set_result(result)
+        for i, error in failed:
+            batch[int(i)].future.set_exception(error)

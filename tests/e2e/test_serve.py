@@ -1,0 +1,221 @@
+"""`bulkinfer serve` as a real process on loopback, called by real HTTP clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
+
+KEY = "test-key-0123456789"
+
+
+class Server:
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "bulkinfer", "serve", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+            if match:
+                self.url = match.group(1)
+                break
+        else:
+            raise AssertionError(f"server did not start: {self.proc.wait()}")
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{self.url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "model never became ready"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _unit(m: np.ndarray) -> np.ndarray:
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    write(make_catalog(40, seed=9), d / "c.parquet")
+    cli("run", "-i", "c.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id", "-o", "out",
+        "--progress", "none", cwd=d, check=True)  # fmt: skip
+    offline = read_output(d / "out").sort_by("id")
+    (d / "keys.txt").write_text(f"# one key per line\n{KEY}\n")
+    server = Server(
+        ["-m", "minilm", "--text-column", "description", "--id-column", "id",
+         "--set", "serve.api_keys_file='keys.txt'", "--set", "serve.max_body_bytes=65536",
+         "--set", "serve.max_rows_per_request=64", "--set", "serve.max_wait_ms=10", "--set", "serve.results='out'"],
+        d,
+    )  # fmt: skip
+    catalog = make_catalog(40, seed=9)
+    yield server, catalog, offline
+    server.stop()
+
+
+def _post(url: str, body: object, key: str | None = KEY, **kw: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url, json=body, headers=headers, timeout=60, **kw)
+
+
+def test_predict_equals_the_offline_run(text_server):
+    server, catalog, offline = text_server
+    rows = catalog.select(["id", "description"]).to_pylist()
+    got = []
+    for chunk in (rows[:7], rows[7:30], rows[30:]):
+        r = _post(f"{server.url}/v1/predict", {"rows": chunk})
+        assert r.status_code == 200, r.text
+        assert r.json()["answered_by"] == "live"
+        got.extend(r.json()["rows"])
+    assert list(got[0]) == ["id", "embedding"]  # the offline output's columns, in its order
+    assert [g["id"] for g in got] == offline["id"].to_pylist()
+    live = np.array([g["embedding"] for g in got])
+    ref = np.stack(offline["embedding"].to_numpy(zero_copy_only=False))
+    assert (_unit(live) * _unit(ref)).sum(axis=1).min() >= 0.9999
+
+
+def test_openai_client_gets_the_offline_embeddings(text_server):
+    from openai import OpenAI
+
+    server, catalog, offline = text_server
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    texts = catalog["description"].to_pylist()[:12]
+    resp = client.embeddings.create(model="minilm", input=texts)  # the client asks for base64 by default
+    assert [d.index for d in resp.data] == list(range(12))
+    live = np.array([d.embedding for d in resp.data])
+    ref = np.stack(offline["embedding"].to_numpy(zero_copy_only=False))[:12]
+    assert (_unit(live) * _unit(ref)).sum(axis=1).min() >= 0.9999
+    assert resp.usage.prompt_tokens > 12
+    single = client.embeddings.create(model="minilm", input=texts[3], encoding_format="float")
+    assert np.allclose(single.data[0].embedding, live[3], atol=1e-5)
+
+
+def test_concurrent_clients_are_merged_into_batches(text_server):
+    server, catalog, offline = text_server
+    texts = catalog["description"].to_pylist()
+    ref = _unit(np.stack(offline["embedding"].to_numpy(zero_copy_only=False)))
+
+    def client(c: int) -> list[float]:
+        worst = []
+        with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http:
+            for i in range(50):
+                k = (c * 50 + i) % len(texts)
+                r = http.post(f"{server.url}/v1/embeddings", json={"input": texts[k], "encoding_format": "float"})
+                assert r.status_code == 200, r.text
+                vec = np.array(r.json()["data"][0]["embedding"])
+                worst.append(float(vec @ ref[k] / np.linalg.norm(vec)))
+        return worst
+
+    with ThreadPoolExecutor(32) as pool:
+        cosines = [x for xs in pool.map(client, range(32)) for x in xs]
+    assert len(cosines) == 1600 and min(cosines) >= 0.9999
+    metrics = httpx.get(f"{server.url}/metrics").text
+    merged = float(re.search(r"^bulkinfer_serve_batch_requests_sum (\S+)", metrics, re.M).group(1))
+    calls = float(re.search(r"^bulkinfer_serve_batch_requests_count (\S+)", metrics, re.M).group(1))
+    assert merged >= 1600 and calls < merged  # fewer model calls than requests: they were merged
+    assert 'bulkinfer_serve_requests_total{endpoint="embeddings",status="200"}' in metrics
+    assert 'status="500"' not in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "status", "message"),
+    [
+        ({"rows": [{"id": 1, "description": "x"}]}, None, 401, "missing or invalid API key"),
+        ({"rows": [{"id": 1, "description": "x"}]}, "wrong", 401, "missing or invalid API key"),
+        ({"rows": [{"id": 1}]}, KEY, 422, "rows[0].description: missing (the model reads description)"),
+        ({"rows": [{"description": 3}]}, KEY, 422, "rows[0].description: expected a string, got number"),
+        ({"rows": []}, KEY, 422, "rows: expected a non-empty list of objects"),
+        ({"rows": [{"description": "x"}] * 65}, KEY, 413, "65 rows is over serve.max_rows_per_request=64"),
+        ({"rows": [{"description": "x" * 70000}]}, KEY, 413, "over serve.max_body_bytes=65536"),
+    ],
+)
+def test_bad_requests_get_a_json_error_naming_the_problem(text_server, body, key, status, message):
+    server, _catalog, _offline = text_server
+    r = _post(f"{server.url}/v1/predict", body, key=key)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert message in error["message"] and error["code"] == status
+    assert "Traceback" not in r.text
+
+
+def test_results_answer_from_the_offline_run_or_live(text_server):
+    server, _catalog, offline = text_server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.get(f"{server.url}/v1/results/7", headers=auth)
+    assert r.status_code == 200 and r.json()["answered_by"] == "precomputed"
+    assert r.json()["row"] == offline.slice(7, 1).to_pylist()[0]
+    missing = httpx.get(f"{server.url}/v1/results/4000", headers=auth)
+    assert missing.status_code == 404
+    assert "id '4000' is not among the 40 precomputed rows" in missing.json()["error"]["message"]
+    no_input = httpx.get(f"{server.url}/v1/results/4000?fallback=live", headers=auth)
+    assert no_input.status_code == 422
+    assert (
+        no_input.json()["error"]["message"] == "description: missing query parameter (needed to compute id '4000' live)"
+    )
+    live = httpx.get(
+        f"{server.url}/v1/results/4000", params={"fallback": "live", "description": "red shoes"}, headers=auth
+    )
+    assert live.status_code == 200 and live.json()["answered_by"] == "live"
+    assert live.json()["row"]["id"] == 4000
+    direct = _post(f"{server.url}/v1/embeddings", {"input": "red shoes", "encoding_format": "float"})
+    assert np.allclose(live.json()["row"]["embedding"], direct.json()["data"][0]["embedding"], atol=1e-6)
+
+
+def test_malformed_json_is_422(text_server):
+    server, _catalog, _offline = text_server
+    r = httpx.post(
+        f"{server.url}/v1/predict", content=b'{"rows": [', headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]["message"] == "body is not valid JSON at line 1 column 11"
+
+
+def test_tabular_predictions_equal_offline_and_overload_gets_503(tmp_path):
+    model = train_classifier(tmp_path / "model.joblib")
+    t = tabular_table(60, seed=8)
+    write(t, tmp_path / "in.parquet")
+    cli("run", "-i", "in.parquet", "-m", "model.joblib", "--id-column", "id", "-o", "out", "--progress", "none",
+        cwd=tmp_path, check=True)  # fmt: skip
+    offline = read_output(tmp_path / "out").sort_by("id")
+    server = Server(
+        ["-m", str(model), "--id-column", "id", "--set", "serve.max_queue_rows=2", "--set", "serve.max_batch_size=1",
+         "--set", "serve.max_wait_ms=0"],
+        tmp_path,
+    )  # fmt: skip
+    try:
+        rows = [{k: v for k, v in r.items() if k != "segment"} for r in t.to_pylist()]
+        r = _post(f"{server.url}/v1/predict", {"rows": rows}, key=None)
+        assert r.status_code == 200, r.text
+        assert r.json()["rows"] == offline.to_pylist()  # same columns, same values, same types
+
+        def one(i: int) -> httpx.Response:
+            return _post(f"{server.url}/v1/predict", {"rows": rows[i % 60 : i % 60 + 1]}, key=None)
+
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(one, range(320)))
+        codes = {a.status_code for a in answers}
+        assert codes == {200, 503}, codes
+        busy = next(a for a in answers if a.status_code == 503)
+        assert busy.headers["retry-after"] == "1" and "server busy" in busy.json()["error"]["message"]
+        assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+        metrics = httpx.get(f"{server.url}/metrics").text
+        rejected = float(re.search(r"^bulkinfer_serve_rejected_total (\S+)", metrics, re.M).group(1))
+        assert rejected == sum(a.status_code == 503 for a in answers)
+    finally:
+        server.stop()
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows"] == 60

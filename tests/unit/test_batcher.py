@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from bulkinfer.adapters.custom import FunctionAdapter
+from bulkinfer.serve.batcher import Batcher, Overloaded
+
+
+def _double(table: pa.Table) -> dict[str, pa.Array]:
+    if pc.any(pc.less(table["x"], 0)).as_py():
+        raise ValueError("negative x")
+    return {"y": pc.multiply(table["x"], 2)}
+
+
+def test_merged_requests_get_their_own_rows_and_a_bad_one_fails_alone():
+    calls: list[int] = []
+    batcher = Batcher(
+        FunctionAdapter(_double, ["x"]), max_rows=16, max_wait_s=0.05, max_queue_rows=1000,
+        on_batch=lambda rows, requests: calls.append(requests),
+    )  # fmt: skip
+    requests = [pa.table({"x": list(range(i, i + 1 + i % 3))}) for i in range(12)]
+    requests[5] = pa.table({"x": [1, -1]})
+    futures = [batcher.submit(t) for t in requests]
+    for i, (table, future) in enumerate(zip(requests, futures, strict=True)):
+        if i == 5:
+            with pytest.raises(ValueError, match="negative x"):
+                future.result(timeout=10)
+        else:
+            assert future.result(timeout=10)["y"].to_pylist() == [2 * v for v in table["x"].to_pylist()]
+    assert max(calls) > 1  # requests were merged
+    batcher.close()
+
+
+def test_full_queue_refuses_at_once():
+    gate = threading.Event()
+
+    def slow(table: pa.Table) -> dict[str, pa.Array]:
+        gate.wait(10)
+        return {"y": table["x"]}
+
+    batcher = Batcher(FunctionAdapter(slow, ["x"]), max_rows=1, max_wait_s=0, max_queue_rows=3)
+    first = batcher.submit(pa.table({"x": [0]}))
+    queued = [batcher.submit(pa.table({"x": [i]})) for i in range(1, 3)]
+    with pytest.raises(Overloaded, match=r"serve.max_queue_rows=3"):
+        for i in range(3, 10):
+            queued.append(batcher.submit(pa.table({"x": [i]})))
+    gate.set()
+    assert [f.result(timeout=10)["y"].to_pylist() for f in [first, *queued]] == [[i] for i in range(len(queued) + 1)]
+    batcher.close()
