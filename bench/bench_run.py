@@ -1,6 +1,6 @@
 """Side by side, one run, same data: the sentence-transformers script vs `bulkinfer run`.
 
-Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick]
+Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick] [--only NAME,NAME]
 
 Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, runs
 `bulkinfer tune` on it once, then, in each round, runs the anchors (the sentence-transformers
@@ -12,7 +12,8 @@ the default engine. It prints every rows/s, the ratios to the anchors of the sam
 and the median over rounds. Figures exclude model loading: the anchors' `job_s` starts
 after the model is loaded (Ray Data's includes its actor start), bulkinfer's `run_s` after
 set-up (the ONNX export is cached by a warm-up run first). `--quick` runs only the
-sentence-transformers anchor and the default configuration.
+sentence-transformers anchor and the default configuration; `--only default,ray` runs both
+anchors and the variants whose names contain one of the words.
 """
 
 from __future__ import annotations
@@ -92,12 +93,15 @@ def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 5000
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
     variants = {k: v for k, v in VARIANTS.items() if "--quick" not in sys.argv or k == LOCAL}
+    if "--only" in sys.argv:
+        words = sys.argv[sys.argv.index("--only") + 1].split(",")
+        variants = {k: v for k, v in variants.items() if any(w in k for w in words)}
     WORK.mkdir(parents=True, exist_ok=True)
     corpus = WORK / f"corpus_{rows}.parquet"
     if not corpus.exists():
         sh(sys.executable, str(SHARED / "make_corpus.py"), str(corpus), str(rows))
     quick = "--quick" in sys.argv
-    if not quick:
+    if "after bulkinfer tune" in variants:
         tune(corpus)
     for extra in variants.values():  # warm-up: compile and cache each engine once, untimed
         bulkinfer(corpus, [*extra, "--limit-rows", "64"])
@@ -126,9 +130,10 @@ def main() -> None:
         print(
             f"  {name:32s} {value:8.1f} rows/s   {value / med['anchor']:.2f}x the sentence-transformers script{vs_ray}"
         )
-    print(f"  default end to end / bare engine limit: {med[LOCAL] / med['bare engine limit']:.2f}")
+    if LOCAL in med:
+        print(f"  default end to end / bare engine limit: {med[LOCAL] / med['bare engine limit']:.2f}")
     ray = "ray backend (1 worker x 2 CPUs)"
-    if ray in med:
+    if ray in med and LOCAL in med:
         print(f"  ray backend / local backend: {med[ray] / med[LOCAL]:.2f}")
     for name, rep in reports.items():
         q = rep.get("quality")

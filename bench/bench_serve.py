@@ -12,8 +12,10 @@ with the server, as it would on a small box.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +37,8 @@ def free_port() -> int:
 
 def start(cmd: list[str], ready_url: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its own process group: LitServe forks workers that outlive a terminated parent
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
@@ -94,8 +97,11 @@ def main() -> None:
                     flush=True,
                 )
         finally:
-            proc.terminate()
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
+            time.sleep(1)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     on, off = results["bulkinfer, batching on"][32]["rps"], results["bulkinfer, batching off"][32]["rps"]
     anchor = results["LitServe anchor"][32]["rps"]
     print(f"\nat 32 clients: batching on / off = {on / off:.2f}; bulkinfer (on) / LitServe = {on / anchor:.2f}")

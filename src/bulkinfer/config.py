@@ -164,9 +164,11 @@ class ServeConfig(_Section):
     port: int = Field(default=8000, ge=0, le=65535)
     """TCP port of `bulkinfer serve` (0: any free port, printed at start)."""
     max_batch_size: int = Field(default=64, ge=1)
-    """Dynamic batching: concurrent requests are merged into one model call of at most this many rows."""
-    max_wait_ms: float = Field(default=5.0, ge=0)
-    """Dynamic batching: how long the first request of a batch waits for others to join it."""
+    """Dynamic batching: at most this many rows of concurrent requests are merged (and run in
+    length-sorted calls of runtime.batch_size rows)."""
+    max_wait_ms: float = Field(default=0.0, ge=0)
+    """Dynamic batching: how long the first request of a batch waits for others to join it
+    (0: merge only the requests that queued while the model was busy; no added latency)."""
     max_queue_rows: int = Field(default=1024, ge=1)
     """Rows waiting for the model beyond which requests get 503 with Retry-After instead of queueing."""
     max_rows_per_request: int = Field(default=256, ge=1)

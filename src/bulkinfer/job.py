@@ -32,7 +32,7 @@ from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
 from .sources import Shard, check_columns_somewhere, list_inputs, plan_shards
 
-__all__ = ["RunResult", "job_identity", "run_job"]
+__all__ = ["RunResult", "job_identity", "resolve_batch_size", "run_job"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -92,12 +92,18 @@ def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
     return out
 
 
-def _auto_batch(cfg: JobConfig, model_digest: str) -> JobConfig:
-    from .tune import auto_batch_size
+def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Any) -> JobConfig:
+    """``cfg`` with a concrete ``runtime.batch_size``: "auto" becomes what ``tune`` measured,
+    and a size left unset becomes the adapter's hint (large for cheap tabular models)."""
+    if cfg.runtime.batch_size == "auto":
+        from .tune import auto_batch_size
 
-    size, why = auto_batch_size(cfg, model_digest)
-    log.info("runtime.batch_size = auto: %d (%s)", size, why)
-    return _with_batch(cfg, size)
+        size, why = auto_batch_size(cfg, model_digest)
+        log.info("runtime.batch_size = auto: %d (%s)", size, why)
+        return _with_batch(cfg, size)
+    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
+        return _with_batch(cfg, adapter.batch_size_hint)
+    return cfg
 
 
 def _with_batch(cfg: JobConfig, size: int) -> JobConfig:
@@ -142,11 +148,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     stop = stop or threading.Event()
     started = time.time()
     model = resolve_model(cfg)
-    if cfg.runtime.batch_size == "auto":
-        cfg = _auto_batch(cfg, model.digest)
     adapter = build_adapter(cfg, model)
-    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
-        cfg = _with_batch(cfg, adapter.batch_size_hint)
+    cfg = resolve_batch_size(cfg, model.digest, adapter)
     passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
         log.info("output order is not the input order and no id column is kept")

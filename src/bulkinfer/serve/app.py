@@ -29,6 +29,7 @@ from starlette.routing import Route
 from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, resolve_model
 from ..config import JobConfig
 from ..errors import BulkinferError, ConfigError
+from ..job import resolve_batch_size
 from .batcher import Batcher, Overloaded
 from .metrics import ServeMetrics
 from .results import ResultIndex
@@ -74,6 +75,7 @@ class _Server:
         self.keys = _load_keys(self.sv.api_keys_file)
         self.model = resolve_model(cfg)
         self.adapter: Adapter = build_adapter(cfg, self.model)
+        cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(c for c in passthrough if c not in self.adapter.input_columns))
         self.metrics = ServeMetrics()
@@ -96,6 +98,7 @@ class _Server:
             self.batcher = Batcher(
                 self.adapter,
                 max_rows=self.sv.max_batch_size,
+                batch_size=rt.rows_per_call,
                 max_wait_s=self.sv.max_wait_ms / 1000.0,
                 max_queue_rows=self.sv.max_queue_rows,
                 on_batch=self.metrics.observe_batch,

@@ -1,11 +1,14 @@
 """Dynamic micro-batching: requests that arrive together share one model call.
 
 One thread owns the model. It takes the first waiting request, lets others join for up to
-``max_wait_s`` or until ``max_rows`` rows are gathered, runs the merged table through the
-adapter, and hands each request its own slice. When the merged call fails, the requests
-are bisected (the engine's :func:`~bulkinfer.batching.bisect_call`) so a bad row fails
-only its own request. The queue is bounded in rows: past ``max_queue_rows`` a request is
-refused at once (:class:`Overloaded`) rather than left to time out.
+``max_wait_s`` (0: those already waiting, i.e. that arrived while the model was busy) or
+until ``max_rows`` rows are gathered, and runs the merged rows through the adapter the way
+an offline run does: sorted by length into calls of ``batch_size`` rows, so merging
+short and long texts does not pay for padding. Each request gets its own rows back.
+When the merged call fails, the requests are bisected (the engine's
+:func:`~bulkinfer.batching.bisect_call`) so a bad row fails only its own request. The
+queue is bounded in rows: past ``max_queue_rows`` a request is refused at once
+(:class:`Overloaded`) rather than left to time out.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ class Batcher:
         adapter: Adapter,
         *,
         max_rows: int,
+        batch_size: int | None = None,
         max_wait_s: float,
         max_queue_rows: int,
         on_batch: Callable[[int, int], None] = lambda rows, requests: None,
     ) -> None:
         self.adapter = adapter
         self.max_rows = max_rows
+        self.batch_size = batch_size or max_rows
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.on_batch = on_batch
@@ -106,7 +111,7 @@ class Batcher:
 
     def _infer(self, requests: list[_Request]) -> list[dict[str, pa.Array]]:
         merged = pa.concat_tables([r.table for r in requests], promote_options="permissive")
-        columns = predict_table(self.adapter, merged, max(merged.num_rows, 1))
+        columns = predict_table(self.adapter, merged, self.batch_size)
         out, start = [], 0
         for r in requests:
             n = r.table.num_rows
