@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +83,15 @@ def cli(*args: str, cwd: Path | None = None, check: bool = False, **kw: object) 
     if check and proc.returncode != 0:
         raise AssertionError(f"bulkinfer {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until ``out``'s ledger has ``n`` commit lines (the run must still be alive)."""
+    log = out / "_bulkinfer" / "commits.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("no commit in time")

@@ -45,6 +45,13 @@ def _split(values: list[str] | None) -> list[str] | None:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
+def _prepare(quiet: bool) -> None:
+    """Offline model hub, quiet tokenizers, and log lines on stderr."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _setup_logging(quiet)
+
+
 def _setup_logging(quiet: bool) -> None:
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO, format="bulkinfer: %(message)s", stream=sys.stderr
@@ -68,19 +75,26 @@ def _fail(exc: BulkinferError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
+# Options that `run` and `serve` share.
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="minilm, a model directory, a .joblib file, or module:attr.")
+]
+TextColumnOption = Annotated[str | None, typer.Option(help="Column holding the text (text models).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
+FeatureColumnsOption = Annotated[
+    list[str] | None, typer.Option(help="Feature columns (tabular models); comma-separated.")
+]
+
+
 @app.command(epilog=_fields_epilog())
 def run(
     config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
     input: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="Input file, directory, glob or URI; repeatable.")
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="minilm, a model directory, a .joblib file, or module:attr.")
-    ] = None,
-    text_column: Annotated[str | None, typer.Option(help="Column holding the text (text models).")] = None,
-    feature_columns: Annotated[
-        list[str] | None, typer.Option(help="Feature columns (tabular models); comma-separated.")
-    ] = None,
+    model: ModelOption = None,
+    text_column: TextColumnOption = None,
+    feature_columns: FeatureColumnsOption = None,
     id_column: Annotated[str | None, typer.Option(help="Row id column, copied to the output.")] = None,
     keep_columns: Annotated[
         list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")
@@ -104,12 +118,10 @@ def run(
         str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Ray workers (default: as many as the cluster fits).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _setup_logging(quiet)
+    _prepare(quiet)
     overrides: dict[str, Any] = {
         "source.paths": input or None,
         "model.name": model,
@@ -244,25 +256,19 @@ def tune(
 @app.command()
 def serve(
     config: Annotated[Path | None, typer.Argument(help="Job file (TOML): its model, engine and precision.")] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="minilm, a model directory, a .joblib file, or module:attr.")
-    ] = None,
-    text_column: Annotated[str | None, typer.Option(help="Column holding the text (text models).")] = None,
-    feature_columns: Annotated[
-        list[str] | None, typer.Option(help="Feature columns (tabular models); comma-separated.")
-    ] = None,
+    model: ModelOption = None,
+    text_column: TextColumnOption = None,
+    feature_columns: FeatureColumnsOption = None,
     id_column: Annotated[str | None, typer.Option(help="Row id column, echoed in answers when sent.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000; 0: any free port).")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set serve.max_batch_size=32.")
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Answer online requests with the job's model: POST /v1/predict, /v1/embeddings (OpenAI-compatible)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _setup_logging(quiet)
+    _prepare(quiet)
     overrides: dict[str, Any] = {
         "model.name": model,
         "model.text_column": text_column,

@@ -22,7 +22,7 @@ import pytest
 
 from bulkinfer.ledger import Ledger
 
-from helpers import read_output, write
+from helpers import read_output, wait_commits, write
 
 ADAPTER = textwrap.dedent("""
     import time
@@ -89,17 +89,6 @@ def _start(args: list[str], cwd: Path, address: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    log = out / "_bulkinfer" / "commits.log"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and log.read_text().count("\n") >= n:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError("no commit in time")
-
-
 def _assert_exactly_once(out: Path) -> None:
     table = read_output(out).sort_by("id")
     assert table["id"].to_pylist() == list(range(ROWS))  # every id, none twice
@@ -110,7 +99,7 @@ def _assert_exactly_once(out: Path) -> None:
 
 def test_node_dies_mid_job_its_shard_is_requeued(tmp_path, cluster):
     proc = _start(_job(tmp_path), tmp_path, cluster.address)
-    _wait_commits(tmp_path / "out", 1, proc)
+    wait_commits(tmp_path / "out", 1, proc)
     victim = next(n for n in cluster.worker_nodes)
     cluster.remove_node(victim, allow_graceful=False)
     try:
@@ -129,7 +118,7 @@ def test_node_dies_mid_job_its_shard_is_requeued(tmp_path, cluster):
 def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
     args = _job(tmp_path)
     proc = _start(args, tmp_path, cluster.address)
-    _wait_commits(tmp_path / "out", 2, proc)
+    wait_commits(tmp_path / "out", 2, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     committed = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
@@ -147,7 +136,7 @@ def test_sigterm_commits_what_workers_read_then_exits_75(tmp_path, cluster):
     small_windows = ["--set", "runtime.sort_window=10", "--set", "runtime.prefetch_batches=1"]
     args = [*_job(tmp_path), "--shard-rows", "150", *small_windows]
     proc = _start(args, tmp_path, cluster.address)
-    _wait_commits(tmp_path / "out", 1, proc)
+    wait_commits(tmp_path / "out", 1, proc)
     time.sleep(1.5)  # the freed worker is halfway into its next shard (150 rows x 20 ms)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, wait_commits, write
 
 SLOW_ADAPTER = textwrap.dedent("""
     import time
@@ -41,17 +41,6 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    log = out / "_bulkinfer" / "commits.log"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and log.read_text().count("\n") >= n:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    raise AssertionError("no commit in time")
 
 
 def _visible_parts_are_complete(out: Path) -> None:
@@ -79,7 +68,7 @@ def test_sigkill_mid_run_then_rerun_equals_clean_run(tmp_path):
         "none",
     ]
     proc = _start([*args, "-o", "out"], tmp_path)
-    _wait_commits(tmp_path / "out", 2, proc)
+    wait_commits(tmp_path / "out", 2, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     _visible_parts_are_complete(tmp_path / "out")
@@ -123,7 +112,7 @@ def slow_job(tmp_path):
 def test_sigterm_exits_75_and_resume_finishes(slow_job):
     cwd, args = slow_job
     proc = _start(args, cwd)
-    _wait_commits(cwd / "out", 1, proc)
+    wait_commits(cwd / "out", 1, proc)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=30)
@@ -142,7 +131,7 @@ def test_sigterm_exits_75_and_resume_finishes(slow_job):
 def test_concurrent_run_refused_and_dead_lock_taken_over(slow_job):
     cwd, args = slow_job
     first = _start(args, cwd)
-    _wait_commits(cwd / "out", 1, first)
+    wait_commits(cwd / "out", 1, first)
     second = cli("run", *args, cwd=cwd)
     assert second.returncode == 1
     assert "another run is writing here" in second.stderr and f'"pid": {first.pid}' in second.stderr
@@ -200,7 +189,7 @@ def test_sigterm_on_the_bundled_model_exits_75_within_10s(tmp_path):
         "out",
     ]
     proc = _start(args, tmp_path)
-    _wait_commits(tmp_path / "out", 1, proc)  # the first shard is in; 1200 rows (seconds of work) remain
+    wait_commits(tmp_path / "out", 1, proc)  # the first shard is in; 1200 rows (seconds of work) remain
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=30)
