@@ -40,6 +40,10 @@ def test_predictions_equal_model_predict(tmp_path, kind):
     assert out["prediction"].to_pylist() == list(model.predict(x))
     np.testing.assert_array_equal(out["proba_yes"].to_numpy(), model.predict_proba(x)[:, 1])
     assert result.report["rows_out"] == 1500 and result.report["shards"]["committed"] == 4
+    # both models take the label from the probabilities (one model pass, not two): still equal to predict
+    from bulkinfer.adapters.tabular import TabularAdapter
+
+    assert TabularAdapter(model_path).label_from_proba
 
 
 def test_feature_columns_required_without_names(tmp_path):

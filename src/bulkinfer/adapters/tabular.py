@@ -22,6 +22,15 @@ __all__ = ["TabularAdapter"]
 
 TABULAR_SUFFIXES = (".joblib", ".pkl", ".pickle")
 
+# Classifiers whose ``predict`` is exactly ``classes_[argmax(predict_proba)]``: for them the
+# label is taken from the probabilities instead of running the model a second time.
+_LABEL_FROM_PROBA = {
+    "lightgbm.sklearn.LGBMClassifier",
+    "sklearn.ensemble._forest.RandomForestClassifier",
+    "sklearn.ensemble._forest.ExtraTreesClassifier",
+    "sklearn.tree._classes.DecisionTreeClassifier",
+}
+
 
 class TabularAdapter(Adapter):
     """Runs a joblib-saved estimator (scikit-learn, LightGBM, XGBoost's sklearn API...)."""
@@ -47,6 +56,9 @@ class TabularAdapter(Adapter):
         self.input_columns = tuple(names)
         classes = getattr(self.model, "classes_", None)
         self.classes = None if classes is None or not hasattr(self.model, "predict_proba") else list(classes)
+        kind = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
+        single_output = getattr(self.model, "n_outputs_", 1) == 1
+        self.label_from_proba = self.classes is not None and kind in _LABEL_FROM_PROBA and single_output
 
     def setup(self, ctx: SetupContext) -> None:
         if hasattr(self.model, "n_jobs"):
@@ -72,6 +84,9 @@ class TabularAdapter(Adapter):
     def predict(self, batch: np.ndarray) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*feature names.*")
+            if self.label_from_proba:
+                proba = np.asarray(self.model.predict_proba(batch))
+                return {"prediction": np.asarray(self.model.classes_).take(np.argmax(proba, axis=1)), "proba": proba}
             out: dict[str, Any] = {"prediction": np.asarray(self.model.predict(batch))}
             if self.classes is not None:
                 out["proba"] = np.asarray(self.model.predict_proba(batch))
