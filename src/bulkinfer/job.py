@@ -313,7 +313,8 @@ def _execute_ray(
 
     runner = RayRunner(cfg, stats, stop)
     if cfg.runtime.precision != "fp32":
-        adapter.setup(SetupContext(threads=cfg.runtime.threads or available_cpus(), device=cfg.runtime.device))
+        threads = cfg.runtime.threads or available_cpus()
+        adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
         try:
             gate()
         finally:
