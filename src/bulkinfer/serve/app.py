@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, resolve_model
+from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, resolve_model, to_numpy_column
 from ..config import JobConfig
 from ..errors import BulkinferError, ConfigError
 from ..job import resolve_batch_size
@@ -278,7 +278,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         text_column = server.adapter.input_columns[0]
         table = server.check_rows([{text_column: t} for t in texts])
         outputs = await server.infer(table)
-        matrix = np.stack(outputs["embedding"].to_numpy(zero_copy_only=False)).astype(np.float32)
+        matrix = to_numpy_column(outputs["embedding"]).astype(np.float32, copy=False)
         data = [
             {
                 "object": "embedding",
