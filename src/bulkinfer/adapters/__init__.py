@@ -14,7 +14,15 @@ from pathlib import Path
 
 from ..config import JobConfig
 from ..errors import ConfigError, ModelError
-from .base import Adapter, SetupContext, available_cpus, predict_table, to_arrow_column, to_numpy_column
+from .base import (
+    Adapter,
+    SetupContext,
+    available_cpus,
+    predict_features,
+    predict_table,
+    to_arrow_column,
+    to_numpy_column,
+)
 
 __all__ = [
     "Adapter",
@@ -22,6 +30,7 @@ __all__ = [
     "SetupContext",
     "available_cpus",
     "build_adapter",
+    "predict_features",
     "predict_table",
     "resolve_model",
     "to_arrow_column",

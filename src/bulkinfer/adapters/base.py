@@ -26,7 +26,15 @@ import pyarrow as pa
 from ..batching import plan_batches, restore_order
 from ..errors import ModelError
 
-__all__ = ["Adapter", "SetupContext", "available_cpus", "predict_table", "to_arrow_column", "to_numpy_column"]
+__all__ = [
+    "Adapter",
+    "SetupContext",
+    "available_cpus",
+    "predict_features",
+    "predict_table",
+    "to_arrow_column",
+    "to_numpy_column",
+]
 
 
 def available_cpus() -> int:
@@ -44,6 +52,9 @@ class SetupContext:
     threads: int = field(default_factory=available_cpus)
     device: str = "cpu"
     options: Mapping[str, Any] = field(default_factory=dict)
+    # answering online requests: between calls the engine's threads must not busy-wait
+    # for work, since the HTTP server needs those CPUs (offline, spinning is faster)
+    online: bool = False
 
 
 class Adapter:
@@ -118,11 +129,20 @@ def to_numpy_column(column: pa.Array) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
-def predict_table(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, pa.Array]:
+def predict_table(
+    adapter: Adapter, table: pa.Table, batch_size: int, call_overhead: float | None = None
+) -> dict[str, pa.Array]:
     """Every output column of ``adapter`` over ``table`` as Arrow arrays, in row order: the
     columns and types an offline run writes (the online server answers with these)."""
-    features = adapter.preprocess(table)
-    batches = plan_batches(adapter.cost(features), table.num_rows, batch_size)
+    return predict_features(adapter, adapter.preprocess(table), table.num_rows, batch_size, call_overhead)
+
+
+def predict_features(
+    adapter: Adapter, features: Any, n_rows: int, batch_size: int, call_overhead: float | None = None
+) -> dict[str, pa.Array]:
+    """:func:`predict_table` from rows already preprocessed (``adapter.preprocess``):
+    calls of at most ``batch_size`` rows, cut by length (see :func:`plan_batches`)."""
+    batches = plan_batches(adapter.cost(features), n_rows, batch_size, call_overhead=call_overhead)
     pieces = []
     for idx in batches:
         columns = adapter.postprocess(adapter.predict(adapter.select(features, idx)))
@@ -132,7 +152,7 @@ def predict_table(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[st
     out = {}
     for name in pieces[0] if pieces else []:
         column = pa.concat_arrays([p[name] for p in pieces])
-        if len(column) != table.num_rows:
-            raise ModelError(f"output {name!r} has {len(column)} values for {table.num_rows} rows")
+        if len(column) != n_rows:
+            raise ModelError(f"output {name!r} has {len(column)} values for {n_rows} rows")
         out[name] = column.take(order)
     return out

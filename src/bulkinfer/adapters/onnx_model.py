@@ -71,6 +71,8 @@ class OnnxAdapter(Adapter):
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = ctx.threads
+        if ctx.online:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(self.model_path), so, providers=["CPUExecutionProvider"])
 
     def predict(self, batch: pa.Table) -> dict[str, Any]:

@@ -139,6 +139,7 @@ class TextEmbeddingAdapter(Adapter):
             precision=self.precision,
             model_digest=self.model_digest,
             cache_dir=self.cache_dir,
+            spin=not ctx.online,
         )
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:

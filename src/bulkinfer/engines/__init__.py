@@ -33,8 +33,10 @@ def load_engine(
     precision: str,
     model_digest: str = "",
     cache_dir: Path | None = None,
+    spin: bool = True,
 ) -> TransformerEngine:
-    """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``)."""
+    """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``). ``spin``:
+    let the engine's threads busy-wait between calls (onnxruntime; off for serving)."""
     if name == "torch":
         from .torch_engine import TorchEngine
 
@@ -50,6 +52,7 @@ def load_engine(
                 precision=precision,
                 model_digest=model_digest,
                 cache_dir=cache_dir or default_cache_dir(),
+                spin=spin,
             )
         except ImportError as exc:
             raise ModelError(

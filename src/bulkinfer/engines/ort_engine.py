@@ -128,7 +128,15 @@ class OrtEngine:
     """Runs a cached ONNX export of a transformer with ONNX Runtime."""
 
     def __init__(
-        self, model_dir: str, *, device: str, threads: int, precision: str, model_digest: str, cache_dir: Path
+        self,
+        model_dir: str,
+        *,
+        device: str,
+        threads: int,
+        precision: str,
+        model_digest: str,
+        cache_dir: Path,
+        spin: bool = True,
     ) -> None:
         import onnxruntime as ort
 
@@ -148,6 +156,8 @@ class OrtEngine:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        if not spin:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import json
 import logging
 import threading
 import time
@@ -20,17 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, resolve_model, to_numpy_column
 from ..config import JobConfig
 from ..errors import BulkinferError, ConfigError
 from ..job import resolve_batch_size
-from .batcher import Batcher, Overloaded
+from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .metrics import ServeMetrics
 from .results import ResultIndex
 
@@ -47,6 +47,15 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+class JSONResponse(Response):
+    """JSON by orjson: numpy arrays (embeddings) are written without a Python float per value."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -93,12 +102,20 @@ class _Server:
     def _setup(self) -> None:
         rt = self.cfg.runtime
         try:
-            ctx = SetupContext(threads=rt.threads or available_cpus(), device=rt.device, options=self.cfg.model.options)
+            ctx = SetupContext(
+                threads=rt.threads or available_cpus(), device=rt.device, options=self.cfg.model.options, online=True
+            )
             self.adapter.setup(ctx)
+            overhead = None
+            if self.model.kind == "text-embedding":
+                sample = pa.table({self.adapter.input_columns[0]: ["a short text of some words"] * 16})
+                overhead = measure_call_overhead(self.adapter, sample)
+                log.info("one model call costs as much as %.0f tokens (merged requests are cut by it)", overhead)
             self.batcher = Batcher(
                 self.adapter,
                 max_rows=self.sv.max_batch_size,
                 batch_size=rt.rows_per_call,
+                call_overhead=overhead,
                 max_wait_s=self.sv.max_wait_ms / 1000.0,
                 max_queue_rows=self.sv.max_queue_rows,
                 on_batch=self.metrics.observe_batch,
@@ -132,10 +149,10 @@ class _Server:
                 raise ApiError(413, f"request body is over serve.max_body_bytes={limit}", "too_large")
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            raise ApiError(422, f"body is not valid JSON{where}", "invalid_json") from None
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            where = f"line {exc.lineno} column {exc.colno}"
+            raise ApiError(422, f"body is not valid JSON at {where}", "invalid_json") from None
 
     def ready_batcher(self) -> Batcher:
         if self.batcher is None:
@@ -180,7 +197,7 @@ class _Server:
                 raise ApiError(422, f"rows[*].{col}: values of mixed types ({exc})", "invalid_request") from None
         return pa.table(data)
 
-    async def infer(self, table: pa.Table) -> dict[str, pa.Array]:
+    async def infer(self, table: pa.Table) -> Answer:
         batcher = self.ready_batcher()
         try:
             future = batcher.submit(table)
@@ -237,8 +254,9 @@ def build_app(cfg: JobConfig) -> Starlette:
         body = await server.body(request)
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
-        outputs = await server.infer(table)
-        return JSONResponse({"model": server.name, "answered_by": "live", "rows": server.answer_rows(table, outputs)})
+        answer = await server.infer(table)
+        rows = server.answer_rows(table, answer.columns)
+        return JSONResponse({"model": server.name, "answered_by": "live", "rows": rows})
 
     async def results(request: Request) -> Response:
         server.authorize(request)
@@ -257,8 +275,8 @@ def build_app(cfg: JobConfig) -> Starlette:
             )  # fmt: skip
         values = server.live_inputs(key, request.query_params)
         table = server.check_rows([{**values, index.id_column: index.parse_id(key)}])
-        outputs = await server.infer(table)
-        return JSONResponse({"id": key, "answered_by": "live", "row": server.answer_rows(table, outputs)[0]})
+        answer = await server.infer(table)
+        return JSONResponse({"id": key, "answered_by": "live", "row": server.answer_rows(table, answer.columns)[0]})
 
     async def embeddings(request: Request) -> Response:
         server.authorize(request)
@@ -277,19 +295,17 @@ def build_app(cfg: JobConfig) -> Starlette:
             raise ApiError(422, f"encoding_format: expected float or base64, got {fmt!r}", "invalid_request")
         text_column = server.adapter.input_columns[0]
         table = server.check_rows([{text_column: t} for t in texts])
-        outputs = await server.infer(table)
-        matrix = to_numpy_column(outputs["embedding"]).astype(np.float32, copy=False)
+        answer = await server.infer(table)
+        matrix = to_numpy_column(answer.columns["embedding"]).astype(np.float32, copy=False)
         data = [
             {
                 "object": "embedding",
                 "index": i,
-                "embedding": base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec.tolist(),
+                "embedding": base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec,
             }
             for i, vec in enumerate(matrix)
         ]
-        adapter = server.adapter
-        tokens = int(sum(await asyncio.to_thread(lambda: adapter.cost(adapter.preprocess(table)) or [])))
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        usage = {"prompt_tokens": answer.tokens or 0, "total_tokens": answer.tokens or 0}
         return JSONResponse({"object": "list", "data": data, "model": body.get("model") or server.name, "usage": usage})
 
     async def healthz(_request: Request) -> Response:

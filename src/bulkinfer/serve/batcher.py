@@ -3,8 +3,11 @@
 One thread owns the model. It takes the first waiting request, lets others join for up to
 ``max_wait_s`` (0: those already waiting, i.e. that arrived while the model was busy) or
 until ``max_rows`` rows are gathered, and runs the merged rows through the adapter the way
-an offline run does: sorted by length into calls of ``batch_size`` rows, so merging
-short and long texts does not pay for padding. Each request gets its own rows back.
+an offline run does, sorted by length, and cuts them into calls of at most ``batch_size``
+rows where padding would cost more than another call (``call_overhead``, measured at
+start-up by :func:`measure_call_overhead`): merging a 5-token and a 70-token text into
+one padded call is slower than two calls on a CPU, faster on a GPU. Each request gets
+its own rows back, with its token count (the tokenizing is done once, here).
 When the merged call fails, the requests are bisected (the engine's
 :func:`~bulkinfer.batching.bisect_call`) so a bad row fails only its own request. The
 queue is bounded in rows: past ``max_queue_rows`` a request is refused at once
@@ -23,20 +26,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from ..adapters import Adapter, predict_table
+from ..adapters import Adapter, predict_features
 from ..batching import bisect_call
 
-__all__ = ["Batcher", "Overloaded"]
+__all__ = ["Answer", "Batcher", "Overloaded", "measure_call_overhead"]
 
 
 class Overloaded(Exception):
     """The queue is full; the client should retry later."""
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One request's output columns, and its inputs' cost (tokens; None for models without)."""
+
+    columns: dict[str, pa.Array]
+    tokens: int | None
+
+
 @dataclass
 class _Request:
     table: pa.Table
-    future: Future[dict[str, pa.Array]] = field(default_factory=Future)
+    future: Future[Answer] = field(default_factory=Future)
 
 
 class Batcher:
@@ -48,6 +59,7 @@ class Batcher:
         *,
         max_rows: int,
         batch_size: int | None = None,
+        call_overhead: float | None = None,
         max_wait_s: float,
         max_queue_rows: int,
         on_batch: Callable[[int, int], None] = lambda rows, requests: None,
@@ -55,6 +67,7 @@ class Batcher:
         self.adapter = adapter
         self.max_rows = max_rows
         self.batch_size = batch_size or max_rows
+        self.call_overhead = call_overhead
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.on_batch = on_batch
@@ -65,7 +78,7 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="bulkinfer-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, table: pa.Table) -> Future[dict[str, pa.Array]]:
+    def submit(self, table: pa.Table) -> Future[Answer]:
         """Queue ``table``'s rows; the future gives its output columns (or the model's error)."""
         with self._lock:
             if self.queued_rows + table.num_rows > self.max_queue_rows and self.queued_rows > 0:
@@ -109,13 +122,16 @@ class Batcher:
             self.on_batch(rows, len(batch))
             self._run(batch)
 
-    def _infer(self, requests: list[_Request]) -> list[dict[str, pa.Array]]:
+    def _infer(self, requests: list[_Request]) -> list[Answer]:
         merged = pa.concat_tables([r.table for r in requests], promote_options="permissive")
-        columns = predict_table(self.adapter, merged, self.batch_size)
+        features = self.adapter.preprocess(merged)
+        costs = self.adapter.cost(features)
+        columns = predict_features(self.adapter, features, merged.num_rows, self.batch_size, self.call_overhead)
         out, start = [], 0
         for r in requests:
             n = r.table.num_rows
-            out.append({name: col.slice(start, n) for name, col in columns.items()})
+            tokens = int(sum(costs[start : start + n])) if costs is not None else None
+            out.append(Answer({name: col.slice(start, n) for name, col in columns.items()}, tokens))
             start += n
         return out
 
@@ -136,3 +152,28 @@ class Batcher:
                 batch[int(i)].future.set_result(result)
         for i, error in failed:
             batch[int(i)].future.set_exception(error)
+
+
+def measure_call_overhead(adapter: Adapter, sample: pa.Table, repeats: int = 5) -> float | None:
+    """What one model call costs beyond its padded tokens, in tokens' worth of time: a
+    one-row call of ``sample``'s first row against a call of all its rows (copies of one
+    short input), median of ``repeats``. None for adapters without per-row costs."""
+    features = adapter.preprocess(sample)
+    costs = adapter.cost(features)
+    if costs is None or sample.num_rows < 2:
+        return None
+
+    def seconds(rows: int) -> float:
+        idx = np.arange(rows)
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up
+            t0 = time.perf_counter()
+            adapter.predict(adapter.select(features, idx))
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    one, many = seconds(1), seconds(sample.num_rows)
+    per_token = (many - one) / ((sample.num_rows - 1) * max(1, costs[0]))
+    if per_token <= one * 1e-3:  # a bigger call costs (almost) nothing more: merge all
+        return 1e6
+    return max(0.0, one / per_token - costs[0])
