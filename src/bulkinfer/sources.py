@@ -1,12 +1,17 @@
 """Input files: list them, fingerprint them, plan shards, read a shard as Arrow batches.
 
 A shard is a (file, row range). Planning is deterministic: files sorted by URI, Parquet
-shards follow row-group boundaries, CSV and JSONL shards are ``shard_rows`` rows each
-(JSONL shards also carry their byte range, so reading one seeks straight to it).
+shards follow row-group boundaries, CSV and JSONL shards are ``shard_rows`` rows each and
+carry their byte range, so reading one seeks straight to it. Rows are numbered by record
+(empty lines do not count); a row that cannot be parsed (a JSONL line that is not an
+object, a CSV record with the wrong number of fields) becomes an error row, not a failed
+file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import glob as _glob
 import hashlib
 import io
@@ -14,6 +19,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import fsspec
@@ -64,8 +70,9 @@ class InputFile:
 class Shard:
     """Rows ``[start, stop)`` of one input file.
 
-    For JSONL, ``offset``/``end`` are the byte bounds of the planned shard and ``base`` the
-    row number at ``offset``; a resumed tail of a shard keeps them and moves ``start``.
+    For JSONL and CSV, ``offset``/``end`` are the byte bounds of the planned shard and
+    ``base`` the row number at ``offset``; a resumed tail of a shard keeps them and moves
+    ``start``.
     """
 
     index: int
@@ -211,23 +218,157 @@ def _plan_jsonl(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | Non
     return ranges
 
 
-def _csv_reader(uri: str, skip: int = 0, block_size: int | None = None) -> pacsv.CSVStreamingReader:
+class _RaggedRows:
+    """pyarrow's handler for CSV rows with too many or too few fields: skip each, and keep
+    its row number and what was wrong, so the row becomes an error row instead of failing
+    the file. Row numbers are ``base`` plus pyarrow's count of records before it (empty
+    lines do not count; pyarrow numbers from 1 when it is given the column names)."""
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.rows: list[int] = []
+        self.messages: dict[int, str] = {}
+
+    def __call__(self, row: Any) -> str:
+        if row.number is None:  # pyarrow did not know where it was: fail the shard
+            return "error"
+        number = self.base + int(row.number) - 1
+        self.rows.append(number)
+        text = row.text if len(row.text) <= 80 else row.text[:77] + "..."
+        self.messages[number] = f"CSV row has {row.actual_columns} fields, expected {row.expected_columns}: {text}"
+        return "skip"
+
+
+def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
+    """A reader from the file's start: for its header (pyarrow strips a BOM, reads quotes)."""
     fs, path = _fs(uri)
-    opts = pacsv.ReadOptions(skip_rows_after_names=skip, block_size=block_size or (1 << 22))
+    opts = pacsv.ReadOptions(block_size=1 << 20, use_threads=False)
+    parse = pacsv.ParseOptions(invalid_row_handler=lambda _row: "skip")  # rows are checked when read
     try:
-        return pacsv.open_csv(fs.open(path, "rb"), read_options=opts)
+        return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file") from exc
 
 
+_CHUNK = 1 << 24
+
+
 def _plan_csv(f: InputFile, shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
-    total = 0
+    """Shards of ``shard_rows`` records with the byte range of each, like JSONL: a record is
+    a non-empty line, or several when a quoted value holds line breaks; ragged records
+    count (they become error rows). Most files are cut by a vectorised scan of line ends;
+    one with line breaks inside quotes goes through the csv module, which knows quoting."""
+    fs, path = _fs(f.uri)
+    scans = (_record_ends_plain, _record_ends_quoted, partial(_record_ends_quoted, strict=False))
+    with fs.open(path, "rb") as fh:
+        for scan in scans:
+            fh.seek(0)
+            with contextlib.suppress(_LinesAreNotRecords):  # the next scan knows more CSV
+                return _cut_csv(scan(fh, f.uri), shard_rows)
+    raise AssertionError("the lenient scan accepts every file it does not refuse")
+
+
+def _cut_csv(chunks: Iterator[np.ndarray], shard_rows: int) -> list[tuple[int, int, int | None, int | None]]:
+    """Shards from the byte offsets after each record (the header's first)."""
+    ranges: list[tuple[int, int, int | None, int | None]] = []
+    rows, start_off, end = 0, -1, 0
+    for ends in chunks:
+        if start_off < 0 and len(ends):  # the header
+            start_off, ends = int(ends[0]), ends[1:]
+        for k in range(rows // shard_rows + 1, (rows + len(ends)) // shard_rows + 1):
+            end = int(ends[k * shard_rows - rows - 1])
+            ranges.append(((k - 1) * shard_rows, k * shard_rows, start_off, end))
+            start_off = end
+        if len(ends):
+            rows, end = rows + len(ends), int(ends[-1])
+    if rows > len(ranges) * shard_rows:
+        ranges.append((len(ranges) * shard_rows, rows, start_off, end))
+    return ranges
+
+
+class _LinesAreNotRecords(Exception):
+    """A quoted value holds a line break, or a quote stands where CSV does not allow one."""
+
+
+_COMMA, _QUOTE, _CR, _LF = 44, 34, 13, 10
+
+
+def _record_ends_plain(fh: Any, uri: str) -> Iterator[np.ndarray]:
+    """Byte offsets after the non-empty lines (CRLF or LF), a chunk at a time, for files
+    whose lines are their records: every quote opens or closes a field (or is doubled
+    inside one) and no line break falls between an opening and a closing quote. Raises
+    :class:`_LinesAreNotRecords` otherwise."""
+    base, carry, quotes = 0, b"", 0
+    while True:
+        chunk = fh.read(_CHUNK)
+        buf = carry + chunk
+        if not buf:
+            return
+        data = np.frombuffer(buf, dtype=np.uint8)
+        stops = np.flatnonzero(data == _LF) + 1
+        if not chunk and (not len(stops) or stops[-1] != len(buf)):  # last line without a line end
+            stops = np.append(stops, len(buf))
+        done = int(stops[-1]) if len(stops) else 0
+        cr = np.flatnonzero(data[:done] == _CR)
+        if len(cr) and ((cr + 1 >= len(data)) | (data[np.minimum(cr + 1, len(data) - 1)] != _LF)).any():
+            raise _LinesAreNotRecords  # (fine inside a quoted value: the csv module decides)
+        at = np.flatnonzero(data[:done] == _QUOTE)
+        if len(at):
+            prev = data[np.maximum(at - 1, 0)]
+            nxt = data[np.minimum(at + 1, len(buf) - 1)]
+            legal = (at == 0) | np.isin(prev, (_COMMA, _LF, _QUOTE)) | np.isin(nxt, (_COMMA, _CR, _LF, _QUOTE))
+            legal |= at + 1 == len(buf)
+            open_at_break = (quotes + np.searchsorted(at, stops - 1)) % 2 == 1
+            if not legal.all() or open_at_break.any():
+                raise _LinesAreNotRecords
+            quotes += len(at)
+        begins = np.concatenate(([0], stops[:-1]))
+        length = stops - begins
+        empty = (length == 1) | ((length == 2) & (data[np.minimum(begins, len(buf) - 1)] == _CR))
+        yield base + stops[~empty]
+        base, carry = base + done, buf[done:]
+        if not chunk:
+            return
+
+
+def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[np.ndarray]:
+    """Byte offsets after the non-empty records, quoting understood (csv module), in chunks.
+    A quote still open at the end of the file fails the file (it would swallow every
+    record after it); ``strict`` also refuses text after a closing quote (``"a"b``), so
+    the planner retries those files leniently, as pyarrow reads them."""
+    pos = last = 0
+    csv.field_size_limit(1 << 30)  # long texts are fine (the default stops at 128 KiB)
+
+    def lines() -> Iterator[str]:
+        nonlocal pos
+        for line in fh:
+            pos += len(line)
+            yield line.decode("utf-8", "surrogateescape")
+
+    ends: list[int] = []
     try:
-        for batch in _csv_reader(f.uri):
-            total += batch.num_rows
-    except pa.ArrowInvalid as exc:
-        raise SourceError(f"{f.uri}: malformed CSV near row {total} ({exc})") from exc
-    return [(s, min(s + shard_rows, total), None, None) for s in range(0, total, shard_rows)]
+        for record in csv.reader(lines(), strict=strict):
+            if record:
+                ends.append(pos)
+                if len(ends) == 65536:
+                    yield np.asarray(ends, dtype=np.int64)
+                    ends = []
+            last = pos
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            raise SourceError(
+                f"{uri}: the quoted value in the record at byte {last} is never closed; close the quote or remove "
+                "the file"
+            ) from None
+        if "new-line character" in str(exc):
+            raise SourceError(
+                f"{uri}: near byte {pos} a line ends with a lone carriage return (old Mac format); convert line "
+                "ends to \\n"
+            ) from None
+        if strict:
+            raise _LinesAreNotRecords from None
+        raise SourceError(f"{uri}: malformed CSV near byte {pos} ({exc}); fix or remove the file") from exc
+    yield np.asarray(ends, dtype=np.int64)
 
 
 _PLANNERS = {"parquet": _plan_parquet, "jsonl": _plan_jsonl, "csv": _plan_csv}
@@ -401,16 +542,52 @@ def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadR
 
 
 def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
-    reader = _csv_reader(shard.uri, skip=shard.start)
+    """The shard's byte range parsed by pyarrow with the header's column names; ragged
+    records go to ``bad`` with their numbers, the others are numbered around them
+    (pyarrow reports a block's ragged rows before yielding the block)."""
+    names = _csv_reader(shard.uri).schema.names
+    fs, path = _fs(shard.uri)
+    assert shard.offset is not None and shard.end is not None
+    with fs.open(path, "rb") as fh:
+        fh.seek(shard.offset)
+        data = fh.read(shard.end - shard.offset)
+    base = shard.base if shard.base is not None else shard.start
+    ragged = _RaggedRows(base)
+    opts = pacsv.ReadOptions(column_names=names, block_size=1 << 22, use_threads=False)
+    parse = pacsv.ParseOptions(invalid_row_handler=ragged)
+    reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse)
     _check_columns(shard.uri, reader.schema, columns)
-    remaining = shard.num_rows
+    next_row, reported = base, 0
     for batch in reader:
-        batch = batch.select(list(columns)).slice(0, remaining)
-        remaining -= batch.num_rows
-        for off in range(0, batch.num_rows, batch_rows):
-            yield batch.slice(off, batch_rows)
-        if remaining <= 0:
-            return
+        skipped = np.asarray(ragged.rows[reported:], dtype=np.int64)
+        candidates = np.arange(next_row, next_row + batch.num_rows + len(skipped))
+        rows = candidates[~np.isin(candidates, skipped)][: batch.num_rows]
+        if batch.num_rows:
+            next_row = int(rows[-1]) + 1
+        reported += _report_ragged(ragged, reported, shard.start, min(next_row, shard.stop), bad)
+        first, keep = np.searchsorted(rows, [shard.start, shard.stop])
+        if keep > first:
+            numbered = _numbered(batch.select(list(columns)).slice(first, keep - first), rows[first:keep])
+            yield from _slices(numbered, batch_rows)
+    _report_ragged(ragged, reported, shard.start, shard.stop, bad)  # ragged records after the last good one
+
+
+def _slices(batch: pa.RecordBatch, size: int) -> Iterator[pa.RecordBatch]:
+    for off in range(0, batch.num_rows, size):
+        yield batch.slice(off, size)
+
+
+def _report_ragged(ragged: _RaggedRows, done: int, start: int, stop: int, bad: BadRow) -> int:
+    """Pass ragged rows numbered below ``stop`` (those after the first ``done``) to ``bad``,
+    unless before ``start`` (a resumed or split shard); how many were passed over."""
+    n = 0
+    for row in ragged.rows[done:]:
+        if row >= stop:
+            break
+        if row >= start:
+            bad(row, ragged.messages[row])
+        n += 1
+    return n
 
 
 _READERS = {"parquet": _read_parquet, "jsonl": _read_jsonl, "csv": _read_csv}

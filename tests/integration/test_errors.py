@@ -216,19 +216,25 @@ def test_jsonl_bad_lines_become_error_rows(tmp_path, flaky):
     assert "field 'x1' is str, expected float" in errs[2]["message"]
 
 
-def test_csv_bom_crlf_read_and_malformed_csv_skipped_whole(tmp_path, flaky):
+def test_csv_bom_crlf_read_ragged_rows_are_error_rows_and_a_broken_quote_skips_the_file(tmp_path, flaky):
     d = tmp_path / "in"
     d.mkdir()
     (d / "a.csv").write_bytes(b"\xef\xbb\xbfid,x1\r\n0,1.5\r\n1,2.5\r\n")
-    (d / "b_ragged.csv").write_bytes(b"id,x1\n10,1\n11,2,3\n12,3\n")
+    (d / "b_ragged.csv").write_bytes(b"id,x1\n10,1\n11,2,3\n\n12,3\n13\n")
     (d / "c_latin1.csv").write_bytes(b"id,x1,name\n20,1,caf\xe9\n")  # bad bytes in a column the job does not read
+    (d / "d_quote.csv").write_bytes(b'id,x1\n30,1\n31,"2\n')  # the quote is never closed
     cfg = _cfg(tmp_path, **{"source.paths": [str(d)], "execution.max_errors": 10, "execution.max_error_rate": 1.0})
     run_job(cfg)
     out = read_output(tmp_path / "out")
-    assert out["id"].to_pylist() == [0, 1, 20] and out["y"].to_pylist() == [15.0, 25.0, 10.0]
-    (plan_error,) = [json.loads(x) for x in (tmp_path / "out" / "_errors" / "inputs.jsonl").read_text().splitlines()]
-    assert plan_error["input"] == str(d / "b_ragged.csv")
-    assert "malformed CSV (CSV parse error: Expected 2 columns, got 3: 11,2,3)" in plan_error["message"]
+    assert out["id"].to_pylist() == [0, 1, 10, 12, 20] and out["y"].to_pylist() == [15.0, 25.0, 10.0, 30.0, 10.0]
+    errs = {(e.get("input"), e.get("row")): e["message"] for e in _errors(tmp_path / "out")}
+    ragged = str(d / "b_ragged.csv")
+    assert errs[(ragged, 1)].endswith("CSV row has 3 fields, expected 2: 11,2,3")
+    assert errs[(ragged, 3)].endswith("CSV row has 1 fields, expected 2: 13")
+    assert errs[(str(d / "d_quote.csv"), None)].endswith(
+        "d_quote.csv: the quoted value in the record at byte 11 is never closed; close the quote or remove the file"
+    )
+    assert len(errs) == 3
 
 
 def test_out_of_memory_halves_the_batch_instead_of_failing_rows(tmp_path, monkeypatch):

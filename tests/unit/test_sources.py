@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -7,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import bulkinfer.sources as sources
 from bulkinfer.errors import SourceError
-from bulkinfer.sources import list_inputs, plan_shards, read_shard
+from bulkinfer.sources import ROW, list_inputs, plan_shards, read_shard
 
 from helpers import tabular_table, write
 
@@ -95,3 +98,87 @@ def test_unknown_extension_asks_for_format(tmp_path):
     with pytest.raises(SourceError, match="source.format"):
         list_inputs([str(tmp_path / "a.dat")])
     assert list_inputs([str(tmp_path / "a.dat")], "csv")[0].format == "csv"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(
+        st.sampled_from(["ok", "ok", "ok", "more", "fewer", "blank", "quoted", "multiline", "inch"]), max_size=120
+    ),
+    shard_rows=st.integers(1, 40),
+    chunk=st.sampled_from([None, 7, 64]),
+    newline=st.sampled_from(["\n", "\r\n"]),
+)
+def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factory, kinds, shard_rows, chunk, newline):
+    """Every record is either read (with its own number) or reported bad, exactly once, in
+    any sharding: ragged ones (too many or too few fields) become error rows, empty lines
+    are not records, a quoted value may hold line breaks, commas and doubled quotes, a
+    quote inside an unquoted value is a character. Small scan chunks cut records at
+    chunk edges."""
+    d = tmp_path_factory.mktemp("csv")
+    lines, expect_good, expect_bad, record = ["id,x1"], [], [], 0
+    for kind in kinds:
+        if kind == "blank":
+            lines.append("")
+            continue
+        lines.append(
+            {
+                "ok": f"{record},1.5",
+                "more": f"{record},1,extra",
+                "fewer": f"{record}",
+                "quoted": f'{record},"a, ""b"""',
+                "multiline": f'{record},"a{newline}b, c"',
+                "inch": f'{record},27" screen',  # a quote inside a value is a character
+            }[kind]
+        )
+        (expect_bad if kind in ("more", "fewer") else expect_good).append(record)
+        record += 1
+    (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
+    with pytest.MonkeyPatch.context() as mp:
+        if chunk:
+            mp.setattr(sources, "_CHUNK", chunk)
+        shards = plan_shards(list_inputs([str(d)]), shard_rows)
+    if record == 0:
+        assert shards == []
+        return
+    assert (shards[0].start, shards[-1].stop) == (0, record)
+    assert all(s.num_rows <= shard_rows for s in shards)
+    good, bad = [], []
+    for s in shards:
+        for batch in read_shard(s, ["id"], batch_rows=5, on_bad_row=lambda row, msg: bad.append((row, msg))):
+            ids = batch.column("id").to_pylist()
+            assert batch.column(ROW).to_pylist() == ids  # the row number is the record's
+            good.extend(ids)
+    assert good == expect_good
+    assert [r for r, _m in bad] == expect_bad
+    for row, msg in bad:
+        assert msg.startswith("CSV row has ") and ", expected 2: " in msg
+        assert msg.endswith((f": {row},1,extra", f": {row}"))
+
+
+def test_a_resumed_csv_shard_skips_the_rows_before_it(tmp_path):
+    (tmp_path / "a.csv").write_text("id,x1\n0,1\n1,2,3\n\n2,3\n3,4\n4\n5,6\n")
+    (shard,) = plan_shards(list_inputs([str(tmp_path / "a.csv")]), 100)
+    tail = dataclasses.replace(shard, start=2, stop=5)  # rows 0-1 committed; a split took 5 on
+    bad = []
+    got = pa.Table.from_batches(list(read_shard(tail, ["id"], on_bad_row=lambda r, m: bad.append(r))))
+    assert got["id"].to_pylist() == [2, 3] and [r for r in bad] == [4]
+
+
+def test_a_quote_inside_a_value_does_not_hide_a_quoted_line_break(tmp_path):
+    # the first quote is a character (mid-value), so counting quotes would call the break
+    # inside "p\nq" a record end; the planner must read this file with the csv module
+    (tmp_path / "a.csv").write_text('id,a,b,c\n0,5" x,"p\nq",7" y\n1,y,z,w\n')  # four quotes: even
+    shards = plan_shards(list_inputs([str(tmp_path / "a.csv")]), 1)
+    got = pa.Table.from_batches([b for s in shards for b in read_shard(s, ["id", "b"])])
+    assert [(s.start, s.stop) for s in shards] == [(0, 1), (1, 2)]
+    assert got["id"].to_pylist() == [0, 1] and got["b"].to_pylist() == ["p\nq", "z"]
+
+
+def test_lone_carriage_returns_end_lines_only_inside_quotes(tmp_path):
+    (tmp_path / "mac.csv").write_bytes(b"id,x1\r0,1\r1,2\r")
+    with pytest.raises(SourceError, match=r"mac.csv: near byte \d+ a line ends with a lone carriage return"):
+        plan_shards(list_inputs([str(tmp_path / "mac.csv")]), 10)
+    (tmp_path / "ok.csv").write_bytes(b'id,t\r\n0,"a\rb"\r\n1,c\r\n')
+    (shard,) = plan_shards(list_inputs([str(tmp_path / "ok.csv")]), 10)
+    assert pa.Table.from_batches(list(read_shard(shard, ["t"])))["t"].to_pylist() == ["a\rb", "c"]
