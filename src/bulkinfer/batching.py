@@ -5,10 +5,11 @@ so rows of similar length share a batch and padding stays small; a batch closes 
 it reaches ``max_rows`` rows or when its padded size (rows x longest row) would exceed
 ``max_tokens``. A row longer than ``max_tokens`` goes alone. Given ``call_overhead`` (what
 one model call costs beyond its padded tokens, in tokens), the sorted rows are instead cut
-where the total cost, calls x overhead + padded tokens, is least: few rows of very
-different lengths go in separate calls when padding them would cost more than the calls. Results are scattered back
-to input order with :func:`restore_order`. :func:`bisect_call` isolates the rows that
-make a call fail, in about log2(batch) extra calls per bad row.
+where the total cost, calls x overhead + padded tokens, is least: rows of very different
+lengths go in separate calls when padding them would cost more than the extra calls.
+Results are scattered back to input order with :func:`restore_order`.
+:func:`bisect_call` isolates the rows that make a call fail, in about log2(batch) extra
+calls per bad row.
 """
 
 from __future__ import annotations

@@ -255,8 +255,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
         answer = await server.infer(table)
-        rows = server.answer_rows(table, answer.columns)
-        return JSONResponse({"model": server.name, "answered_by": "live", "rows": rows})
+        answered = server.answer_rows(table, answer.columns)
+        return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
 
     async def results(request: Request) -> Response:
         server.authorize(request)
