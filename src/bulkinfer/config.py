@@ -44,6 +44,21 @@ class SourceConfig(_Section):
     """Target rows per shard, the unit of commit and resume (Parquet shards follow row groups)."""
     read_batch_rows: int = Field(default=4096, ge=1)
     """Rows per Arrow record batch read from the input."""
+    column_types: dict[str, str] = Field(default_factory=dict)
+    """Arrow types of input columns ({id = "string", price = "double"}); the others are the
+    types the files start with, unified across files (int and double: double; else string)."""
+
+    @field_validator("column_types")
+    @classmethod
+    def _known_types(cls, value: dict[str, str]) -> dict[str, str]:
+        from .schema import parse_type
+
+        for name, type_name in value.items():
+            try:
+                parse_type(type_name)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return value
 
 
 class ModelConfig(_Section):

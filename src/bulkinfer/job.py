@@ -30,7 +30,8 @@ from .quality import quality_gate, sample_rows
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_prometheus
 from .runners import LocalRunner
-from .sources import Shard, check_columns_somewhere, list_inputs, plan_shards
+from .schema import type_name
+from .sources import Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
 
 __all__ = ["RunResult", "job_identity", "resolve_batch_size", "run_job"]
 
@@ -39,7 +40,7 @@ log = logging.getLogger("bulkinfer")
 # Fields that change what is written. The others (batch size, threads, progress...) may
 # change between a crash and its resume.
 _IDENTITY_FIELDS = {
-    "source": ("format", "id_column", "shard_rows"),
+    "source": ("format", "id_column", "shard_rows", "column_types"),
     "model": ("kind", "text_column", "feature_columns", "max_seq_length", "options"),
     "runtime": ("engine", "precision"),
     "sink": ("format", "keep_columns", "preserve_order", "compression"),
@@ -154,7 +155,9 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
         log.info("output order is not the input order and no id column is kept")
     inputs = list_inputs(cfg.source.paths, cfg.source.format)
-    check_columns_somewhere(inputs, [*adapter.input_columns, *passthrough])
+    columns = list(dict.fromkeys([*adapter.input_columns, *passthrough]))
+    heads = {f.uri: head_schema(f) for f in inputs}
+    check_columns(heads, columns)
     identity = job_identity(cfg)
     input_records = [asdict(f) for f in inputs]
     fingerprint = _fingerprint(identity, model.digest, input_records)
@@ -192,6 +195,11 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             ]
             if problems and not shards:
                 raise problems[0]
+        if existing is not None and existing.get("fingerprint") == fingerprint and "column_types" in existing:
+            column_types = existing["column_types"]  # as the run that planned these shards read them
+        else:  # the types the planned files start with; a file skipped at planning has no say
+            settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
+            column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
         job = {
             "fingerprint": fingerprint,
             "bulkinfer_version": __version__,
@@ -203,8 +211,11 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             "config": cfg.model_dump(mode="json"),
             "shards": [s.to_json() for s in shards],
             "input_errors": input_errors,
+            "column_types": column_types,
         }
         job = ledger.begin(job, cfg.execution.overwrite)
+        # every reader (local threads, Ray workers) converts to the same types
+        cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"column_types": column_types})})
         if cfg.execution.repair:
             rebuilt = rebuild_ledger(ledger)
             log.info("rebuilt the ledger from %d committed file(s)", len(rebuilt))

@@ -17,7 +17,7 @@ import hashlib
 import io
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -31,17 +31,19 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import SourceError
+from .schema import convert_rows, fit_value, unify
 
 __all__ = [
     "ROW",
     "InputFile",
     "Shard",
-    "check_columns_somewhere",
+    "check_columns",
     "detect_format",
-    "input_columns",
+    "head_schema",
     "list_inputs",
     "plan_shards",
     "read_shard",
+    "settle_types",
 ]
 
 _EXTENSIONS = {
@@ -403,36 +405,70 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
     return shards
 
 
-def input_columns(f: InputFile) -> list[str]:
-    """Column names of a file, read cheaply (Parquet footer, CSV header, first JSONL line)."""
-    fs, path = _fs(f.uri)
+_HEAD_BYTES = 1 << 20
+
+
+def head_schema(f: InputFile) -> pa.Schema:
+    """The columns a file starts with and their types, read cheaply: Parquet's footer, the
+    first MiB of a CSV as pyarrow infers it, the first MiB of JSONL lines. Empty when the
+    file cannot be read (planning reports that)."""
     try:
         if f.format == "parquet":
-            return list(pq.read_schema(_open_local_or_fs(f.uri)).names)
+            return pq.read_schema(_open_local_or_fs(f.uri))
         if f.format == "csv":
-            return list(_csv_reader(f.uri).schema.names)
+            return _csv_reader(f.uri).schema
+        fs, path = _fs(f.uri)
         with fs.open(path, "rb") as fh:
-            for line in fh:
-                if line.strip():
-                    first = json.loads(line)
-                    return list(first) if isinstance(first, dict) else []
+            head = fh.read(_HEAD_BYTES)
+            if fh.read(1):  # cut: keep whole lines
+                head = head[: head.rfind(b"\n") + 1]
+        objects = []
+        for line in head.split(b"\n"):
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line) if line.strip() else None
+                if isinstance(obj, dict):
+                    objects.append(obj)
+        names = list(dict.fromkeys(k for obj in objects for k in obj))
+        return pa.schema([(n, _json_type([obj.get(n) for obj in objects])) for n in names])
     except (pa.ArrowInvalid, OSError, ValueError, SourceError):
-        return []
-    return []
+        return pa.schema([])
 
 
-def check_columns_somewhere(files: Sequence[InputFile], columns: Sequence[str]) -> None:
-    """Refuse up front when a needed column is in none of the files (a config mistake, not bad data)."""
-    if not files:
-        return
-    seen: dict[str, list[str]] = {f.uri: input_columns(f) for f in files}
+def _json_type(values: list[Any]) -> pa.DataType:
+    """The type of a JSON field's values; when they are of mixed kinds, the most common
+    kind's (numbers count together), so the odd value out becomes an error row."""
+    try:
+        return pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        kinds = Counter("number" if isinstance(v, int | float) and not isinstance(v, bool) else type(v).__name__
+                        for v in values if v is not None)  # fmt: skip
+        major = kinds.most_common(1)[0][0]
+        if major == "number":
+            return pa.float64() if any(isinstance(v, float) for v in values) else pa.int64()
+        return pa.array([v for v in values if v is not None and type(v).__name__ == major]).type
+
+
+def check_columns(heads: Mapping[str, pa.Schema], columns: Sequence[str]) -> None:
+    """Refuse up front when a needed column is in none of the files' heads (``{uri:
+    head_schema}``): a config mistake, not bad data."""
     for col in columns:
-        if not any(col in names for names in seen.values()):
-            example = next((names for names in seen.values() if names), [])
+        if heads and not any(col in schema.names for schema in heads.values()):
+            example: list[str] = next((schema.names for schema in heads.values() if schema.names), [])
             raise SourceError(
-                f"column {col!r} not found in any of the {len(files)} input file(s); "
+                f"column {col!r} not found in any of the {len(heads)} input file(s); "
                 f"they have {', '.join(example) or 'no readable columns'}"
             )
+
+
+def settle_types(heads: Iterable[pa.Schema], columns: Sequence[str]) -> dict[str, pa.DataType]:
+    """Each column's one type across the files whose heads are given (see :mod:`.schema`)."""
+    schemas = list(heads)
+    types = {}
+    for col in columns:
+        t = unify(schema.field(col).type for schema in schemas if col in schema.names)
+        if t is not None:
+            types[col] = t
+    return types
 
 
 def _check_columns(uri: str, schema: pa.Schema, columns: Sequence[str]) -> None:
@@ -451,7 +487,9 @@ def _numbered(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
     return batch.append_column(ROW, pa.array(rows, type=pa.int64()))
 
 
-def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
+def _read_parquet(
+    shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
     pf = pq.ParquetFile(_open_local_or_fs(shard.uri))
     _check_columns(shard.uri, pf.schema_arrow, columns)
     meta = pf.metadata
@@ -477,8 +515,11 @@ def _read_parquet(shard: Shard, columns: Sequence[str], batch_rows: int, bad: Ba
             return
 
 
-def _jsonl_slow(shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow) -> tuple[pa.Table, np.ndarray]:
-    """Line by line: invalid JSON, non-object lines and values of the wrong type become bad rows."""
+def _jsonl_slow(
+    shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow, types: Mapping[str, pa.DataType]
+) -> tuple[pa.Table, np.ndarray]:
+    """Line by line: invalid JSON, non-object lines and values of the wrong type (for the
+    column's type in this job; else the kind most of the shard's values have) become bad rows."""
     base = shard.base if shard.base is not None else shard.start
     good: list[dict[str, Any]] = []
     rows: list[int] = []
@@ -507,6 +548,15 @@ def _jsonl_slow(shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow) 
     keep = np.ones(len(good), dtype=bool)
     for col in columns:
         values = [g[col] for g in good]
+        if col in types:
+            for i, v in enumerate(values):
+                try:
+                    good[i][col] = fit_value(v, types[col])
+                except ValueError:
+                    if keep[i]:
+                        keep[i] = False
+                        bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {types[col]}")
+            continue
         kinds = Counter(type(v).__name__ for v in values if v is not None)
         if len(kinds) > 1 and not set(kinds) <= {"int", "float"}:
             major = kinds.most_common(1)[0][0]
@@ -517,21 +567,25 @@ def _jsonl_slow(shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow) 
     good = [g for g, k in zip(good, keep, strict=True) if k]
     kept_rows = np.array(rows, dtype=np.int64)[keep]
     for col in columns:
-        arrays.append(pa.array([g[col] for g in good]))
+        arrays.append(pa.array([g[col] for g in good], type=types.get(col)))
     return pa.Table.from_arrays(arrays, names=list(columns)), kept_rows
 
 
-def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
+def _read_jsonl(
+    shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
     fs, path = _fs(shard.uri)
     assert shard.offset is not None and shard.end is not None
     with fs.open(path, "rb") as fh:
         fh.seek(shard.offset)
         data = fh.read(shard.end - shard.offset)
     try:
-        table = pajson.read_json(io.BytesIO(data))
+        schema = pa.schema([(c, types[c]) for c in columns if c in types])
+        parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
+        table = pajson.read_json(io.BytesIO(data), parse_options=parse)
         _check_columns(shard.uri, table.schema, columns)
     except pa.ArrowInvalid:
-        table, rows = _jsonl_slow(shard, data, columns, bad)
+        table, rows = _jsonl_slow(shard, data, columns, bad, types)
         for b in table.to_batches(max_chunksize=batch_rows):
             yield _numbered(b, rows[: b.num_rows])
             rows = rows[b.num_rows :]
@@ -541,35 +595,58 @@ def _read_jsonl(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadR
     yield from table.to_batches(max_chunksize=batch_rows)
 
 
-def _read_csv(shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow) -> Iterator[pa.RecordBatch]:
-    """The shard's byte range parsed by pyarrow with the header's column names; ragged
-    records go to ``bad`` with their numbers, the others are numbered around them
-    (pyarrow reports a block's ragged rows before yielding the block)."""
+def _read_csv(
+    shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
+    """The shard's byte range parsed by pyarrow with the header's column names, the job's
+    column types asked of pyarrow directly; if a value does not fit them, the range is
+    parsed again with those columns as text, and :func:`read_shard` fails only the rows
+    whose values do not convert."""
     names = _csv_reader(shard.uri).schema.names
     fs, path = _fs(shard.uri)
     assert shard.offset is not None and shard.end is not None
     with fs.open(path, "rb") as fh:
         fh.seek(shard.offset)
         data = fh.read(shard.end - shard.offset)
+    wanted = {c: t for c, t in types.items() if c in columns and c in names}
+    try:
+        batches = _parse_csv_range(shard, data, names, columns, pacsv.ConvertOptions(column_types=wanted), bad)
+    except pa.ArrowInvalid:
+        as_text = pacsv.ConvertOptions(column_types={c: pa.string() for c in wanted}, strings_can_be_null=True)
+        batches = _parse_csv_range(shard, data, names, columns, as_text, bad)
+    for batch in batches:
+        yield from _slices(batch, batch_rows)
+
+
+def _parse_csv_range(
+    shard: Shard, data: bytes, names: list[str], columns: Sequence[str], convert: pacsv.ConvertOptions, bad: BadRow
+) -> list[pa.RecordBatch]:
+    """Every batch of the shard, numbered; ragged records go to ``bad`` with their numbers
+    and the others are numbered around them (pyarrow reports a block's ragged rows before
+    yielding it). Whole before anything is yielded, so a conversion error can start over."""
     base = shard.base if shard.base is not None else shard.start
     ragged = _RaggedRows(base)
     opts = pacsv.ReadOptions(column_names=names, block_size=1 << 22, use_threads=False)
     parse = pacsv.ParseOptions(invalid_row_handler=ragged)
-    reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse)
+    reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse, convert_options=convert)
     _check_columns(shard.uri, reader.schema, columns)
-    next_row, reported = base, 0
+    out = []
+    next_row = base
     for batch in reader:
-        skipped = np.asarray(ragged.rows[reported:], dtype=np.int64)
+        skipped = np.asarray([r for r in ragged.rows if r >= next_row], dtype=np.int64)
         candidates = np.arange(next_row, next_row + batch.num_rows + len(skipped))
         rows = candidates[~np.isin(candidates, skipped)][: batch.num_rows]
         if batch.num_rows:
             next_row = int(rows[-1]) + 1
-        reported += _report_ragged(ragged, reported, shard.start, min(next_row, shard.stop), bad)
         first, keep = np.searchsorted(rows, [shard.start, shard.stop])
         if keep > first:
-            numbered = _numbered(batch.select(list(columns)).slice(first, keep - first), rows[first:keep])
-            yield from _slices(numbered, batch_rows)
-    _report_ragged(ragged, reported, shard.start, shard.stop, bad)  # ragged records after the last good one
+            out.append(_numbered(batch.select(list(columns)).slice(first, keep - first), rows[first:keep]))
+        if keep < batch.num_rows:
+            break
+    for row in ragged.rows:  # once the parse has succeeded
+        if shard.start <= row < shard.stop:
+            bad(row, ragged.messages[row])
+    return out
 
 
 def _slices(batch: pa.RecordBatch, size: int) -> Iterator[pa.RecordBatch]:
@@ -577,30 +654,24 @@ def _slices(batch: pa.RecordBatch, size: int) -> Iterator[pa.RecordBatch]:
         yield batch.slice(off, size)
 
 
-def _report_ragged(ragged: _RaggedRows, done: int, start: int, stop: int, bad: BadRow) -> int:
-    """Pass ragged rows numbered below ``stop`` (those after the first ``done``) to ``bad``,
-    unless before ``start`` (a resumed or split shard); how many were passed over."""
-    n = 0
-    for row in ragged.rows[done:]:
-        if row >= stop:
-            break
-        if row >= start:
-            bad(row, ragged.messages[row])
-        n += 1
-    return n
-
-
 _READERS = {"parquet": _read_parquet, "jsonl": _read_jsonl, "csv": _read_csv}
 
 
 def read_shard(
-    shard: Shard, columns: Sequence[str], batch_rows: int = 4096, on_bad_row: BadRow | None = None
+    shard: Shard,
+    columns: Sequence[str],
+    batch_rows: int = 4096,
+    on_bad_row: BadRow | None = None,
+    types: Mapping[str, pa.DataType] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the shard's rows, in order, as record batches of ``columns`` plus :data:`ROW`.
+    """Yield the shard's rows, in order, as record batches of ``columns`` plus :data:`ROW`,
+    each column of ``types`` converted to its type there.
 
-    Rows that cannot be parsed (JSONL) are skipped and reported to ``on_bad_row(row, message)``;
-    without it they raise :class:`SourceError`.
+    Rows that cannot be parsed (a JSONL line, a ragged CSV record) or whose value does not
+    fit the column's type are skipped and reported to ``on_bad_row(row, message)``; without
+    it they raise :class:`SourceError`.
     """
+    types = types or {}
 
     def bad(row: int, message: str) -> None:
         if on_bad_row is None:
@@ -609,11 +680,16 @@ def read_shard(
 
     next_row = shard.start
     try:
-        for batch in _READERS[shard.format](shard, columns, batch_rows, bad):
+        for batch in _READERS[shard.format](shard, columns, batch_rows, bad, types):
             if ROW not in batch.schema.names:
                 batch = _numbered(batch, np.arange(next_row, next_row + batch.num_rows))
             if batch.num_rows:
                 next_row = int(batch.column(ROW)[-1].as_py()) + 1
+            if any(c in types and batch.schema.field(c).type != types[c] for c in columns):
+                table, _rows = convert_rows(pa.Table.from_batches([batch]), types, batch.column(ROW).to_numpy(), bad)
+                if not table.num_rows:
+                    continue
+                batch = table.combine_chunks().to_batches()[0]
             yield batch
     except FileNotFoundError as exc:
         raise SourceError(f"{shard.uri}: the file disappeared after planning; restore it and rerun") from exc

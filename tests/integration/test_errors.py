@@ -213,7 +213,7 @@ def test_jsonl_bad_lines_become_error_rows(tmp_path, flaky):
     # row 4 lacks x1: in its shard the fast reader makes it null, and the model fails on it
     assert [(e["row"], e["stage"]) for e in errs] == [(1, "read"), (2, "read"), (3, "read"), (4, "predict")]
     assert "invalid JSON" in errs[0]["message"] and "expected a JSON object, got list" in errs[1]["message"]
-    assert "field 'x1' is str, expected float" in errs[2]["message"]
+    assert "field 'x1' is str, expected double" in errs[2]["message"]
 
 
 def test_csv_bom_crlf_read_ragged_rows_are_error_rows_and_a_broken_quote_skips_the_file(tmp_path, flaky):
@@ -344,3 +344,54 @@ def test_text_that_is_not_utf8_is_an_error_row(tmp_path, minilm_path):
     assert read_output(tmp_path / "out")["id"].to_pylist() == [0, 2]
     (err,) = _errors(tmp_path / "out")
     assert (err["row"], err["stage"], err["error_type"]) == (1, "preprocess", "UnicodeDecodeError")
+
+
+def test_columns_get_one_type_across_shards_and_files(tmp_path, flaky):
+    """price is int64 where a shard or file starts with 10 and double where it holds 10.5:
+    the job settles on double for every part, so the output reads as one table."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_text("id,x1,price\n0,1,10\n1,2,11\n2,3,10.5\n")
+    (d / "b.jsonl").write_text('{"id": 10, "x1": 1, "price": 7}\n{"id": 11, "x1": 2, "price": 7.25}\n')
+    (d / "c.csv").write_text("id,x1,price\n20,1,5\n")
+    cfg = _cfg(
+        tmp_path,
+        **{
+            "source.paths": [str(d)],
+            "source.shard_rows": 2,  # a.csv: [10, 11] alone reads as int64, [10.5] as double
+            "sink.keep_columns": ["price"],
+        },
+    )
+    run_job(cfg)
+    out = read_output(tmp_path / "out")  # a pyarrow dataset over every part: one schema
+    assert out.schema.field("price").type == pa.float64()
+    assert dict(zip(out["id"].to_pylist(), out["price"].to_pylist(), strict=True)) == {
+        0: 10.0, 1: 11.0, 2: 10.5, 10: 7.0, 11: 7.25, 20: 5.0
+    }  # fmt: skip
+    assert not (tmp_path / "out" / "_errors").exists()
+    job = json.loads((tmp_path / "out" / "_bulkinfer" / "job.json").read_text())
+    assert job["column_types"] == {"id": "int64", "x1": "int64", "price": "double"}
+
+
+def test_declared_column_types_win_and_a_value_that_does_not_fit_fails_its_row(tmp_path, flaky):
+    (tmp_path / "in.csv").write_text("id,x1,zip\n0,1,00501\n1,2,10001\n2,oops,10002\n3,3,\n")
+    cfg = _cfg(
+        tmp_path,
+        **{
+            "source.paths": [str(tmp_path / "in.csv")],
+            "sink.keep_columns": ["zip"],
+            "source.column_types": {"zip": "string", "x1": "double"},
+            "execution.max_error_rate": 1.0,
+        },
+    )
+    run_job(cfg)
+    out = read_output(tmp_path / "out")
+    assert out["zip"].to_pylist() == ["00501", "10001", None]  # leading zeros kept; empty is null
+    assert out["y"].to_pylist() == [10.0, 20.0, 30.0]
+    (err,) = _errors(tmp_path / "out")
+    assert (err["row"], err["stage"]) == (2, "read")
+    assert err["message"] == (
+        "column 'x1': 'oops' is not double (the column's type in this job; fix the value or set source.column_types)"
+    )
+    with pytest.raises(Exception, match=r"source.column_types.*zip: unknown type 'text'"):
+        _cfg(tmp_path, **{"source.column_types": {"zip": "text"}})

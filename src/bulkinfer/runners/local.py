@@ -37,6 +37,7 @@ from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
 from ..report import RunStats
+from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
 
 __all__ = ["LocalRunner", "ShardOutput", "error_record"]
@@ -134,6 +135,7 @@ class LocalRunner:
         passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
         self.passthrough = list(dict.fromkeys(passthrough))
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
+        self.types = {c: parse_type(t) for c, t in cfg.source.column_types.items()}
         self._lock = threading.Lock()
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
@@ -174,7 +176,7 @@ class LocalRunner:
         pending: list[pa.RecordBatch] = []
         rows = 0
         t0 = time.perf_counter()
-        for batch in read_shard(shard, self.columns, self.cfg.source.read_batch_rows, on_bad_row):
+        for batch in read_shard(shard, self.columns, self.cfg.source.read_batch_rows, on_bad_row, self.types):
             pending.append(batch)
             rows += batch.num_rows
             while rows >= window:
