@@ -89,7 +89,7 @@ class RuntimeConfig(_Section):
     quality_floor: float = Field(default=0.99, ge=-1, le=1)
     """A lowered precision must keep the mean cosine to fp32 on the job's own rows at least this high."""
     quality_sample_rows: int = Field(default=512, ge=2)
-    """Rows of the job's input the quality gate compares on."""
+    """Rows of the job's input the quality gate compares on (taken from across the input)."""
     device: str = "cpu"
     """Torch device: 'cpu', 'cuda', 'cuda:1'."""
     batch_size: int | Literal["auto"] = 16

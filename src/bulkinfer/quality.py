@@ -1,7 +1,7 @@
 """The quality gate: a lowered precision must stay close to fp32 on the job's own rows.
 
-Before a job runs in bf16 or int8, the first ``runtime.quality_sample_rows`` rows of its
-input go through the job's adapter and through the same model in fp32; embeddings are
+Before a job runs in bf16 or int8, ``runtime.quality_sample_rows`` rows from across its
+input (:func:`sample_rows`) go through the job's adapter and through the same model in fp32; embeddings are
 compared by cosine (mean and minimum per row) and by how many of each row's 10 nearest
 neighbours stay the same. Below ``runtime.quality_floor`` (mean cosine) the job refuses,
 with the figures, before writing anything. The figures go into ``report.json``.
@@ -25,17 +25,28 @@ __all__ = ["compare_embeddings", "quality_gate", "run_adapter"]
 log = logging.getLogger("bulkinfer")
 
 
-def sample_rows(shards: Sequence[Shard], columns: Sequence[str], n: int) -> pa.Table:
-    """The first ``n`` rows of the planned input (deterministic, cheap)."""
-    batches: list[pa.RecordBatch] = []
+def sample_rows(shards: Sequence[Shard], columns: Sequence[str], n: int, spread: int = 16) -> pa.Table:
+    """``n`` rows from across the planned input: the first rows of up to ``spread`` shards
+    spaced evenly through the plan (deterministic, cheap, and not fooled by an input sorted
+    by length or by category, as the first ``n`` rows would be)."""
+    if not shards:
+        return pa.table({c: [] for c in columns})
+    k = min(spread, len(shards))
+    picked = sorted({round(i * (len(shards) - 1) / max(1, k - 1)) for i in range(k)})
+    tables: list[pa.Table] = []
     have = 0
-    for shard in shards:
-        for batch in read_shard(shard, columns, on_bad_row=lambda _row, _msg: None):
+    for i, index in enumerate(picked):
+        quota = -(-(n - have) // (len(picked) - i))  # the rest, shared by the shards left
+        batches = []
+        for batch in read_shard(shards[index], columns, on_bad_row=lambda _row, _msg: None):
             batches.append(batch.drop_columns([ROW]))
-            have += batch.num_rows
-            if have >= n:
-                return pa.Table.from_batches(batches).slice(0, n)
-    return pa.Table.from_batches(batches) if batches else pa.table({c: [] for c in columns})
+            if sum(b.num_rows for b in batches) >= quota:
+                break
+        if batches:
+            taken = pa.Table.from_batches(batches).slice(0, quota)
+            tables.append(taken)
+            have += taken.num_rows
+    return pa.concat_tables(tables) if tables else pa.table({c: [] for c in columns})
 
 
 def run_adapter(adapter: Adapter, table: pa.Table, batch_size: int) -> dict[str, np.ndarray]:

@@ -62,7 +62,7 @@ def tune(
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
     on_candidate: Callable[[Candidate], None] = lambda c: None,
 ) -> TuneResult:
-    """Measure every candidate on the first ``sample_size`` rows of ``cfg``'s input."""
+    """Measure every candidate on ``sample_size`` rows from across ``cfg``'s input."""
     if not cfg.source.paths or not cfg.model.name:
         raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
     model = resolve_model(cfg)
