@@ -115,6 +115,38 @@ def test_node_dies_mid_job_its_shard_is_requeued(tmp_path, cluster):
         cluster.wait_for_nodes()
 
 
+def test_every_worker_node_gone_stops_with_one_line_instead_of_hanging(tmp_path, cluster):
+    """No node left that fits a worker (a replacement would wait forever): after
+    worker_timeout_s the driver stops with one line; what was committed stays, and a
+    rerun once nodes are back finishes exactly once."""
+    args = [*_job(tmp_path), "--set", "execution.worker_timeout_s=5"]
+    proc = _start(args, tmp_path, cluster.address)
+    wait_commits(tmp_path / "out", 1, proc)
+    try:
+        for node in list(cluster.worker_nodes):
+            cluster.remove_node(node, allow_graceful=False)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stderr
+        (line,) = [x for x in stderr.splitlines() if x.startswith("bulkinfer: error:")]
+        assert line == (
+            "bulkinfer: error: every Ray worker is gone and no node of the cluster fits a new one (largest node: "
+            "0 CPUs, 0 GPUs; waited execution.worker_timeout_s=5 s for one to join); rerun when the cluster has "
+            "room (committed shards are kept)"
+        )
+        committed = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
+        assert committed >= 1
+    finally:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+    rerun = _start(args, tmp_path, cluster.address)
+    _, stderr = rerun.communicate(timeout=180)
+    assert rerun.returncode == 0, stderr
+    _assert_exactly_once(tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
+    assert report["rows_already_done"] == committed * 50
+
+
 def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
     args = _job(tmp_path)
     proc = _start(args, tmp_path, cluster.address)

@@ -153,6 +153,7 @@ class RayRunner:
         self._actor_class: Any = None
         self.started_ray = False
         self.target = 0
+        self._stranded_since: float | None = None
 
     # -- cluster ---------------------------------------------------------------------
     def connect(self) -> None:
@@ -183,19 +184,24 @@ class RayRunner:
             self.ray.shutdown()
             self.started_ray = False
 
-    def _size(self) -> int:
-        """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
+    def _capacity(self) -> tuple[int, str]:
+        """How many workers the alive nodes' total CPUs and GPUs fit, and the largest node."""
         nodes = [n["Resources"] for n in self.ray.nodes() if n.get("Alive")]
         need = {"CPU": self.ex.num_cpus, "GPU": self.ex.num_gpus}
         fit = 0
         for res in nodes:
             fit += int(min(res.get(k, 0.0) // v for k, v in need.items() if v > 0))
+        largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
+        gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
+        return fit, f"largest node: {largest:g} CPUs, {gpus:g} GPUs"
+
+    def _size(self) -> int:
+        """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
+        fit, largest = self._capacity()
         if fit == 0:
-            largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
-            gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
             raise ConfigError(
                 f"execution.num_cpus={self.ex.num_cpus:g}, num_gpus={self.ex.num_gpus:g}: no node of the Ray cluster "
-                f"fits one worker (largest node: {largest:g} CPUs, {gpus:g} GPUs); lower them"
+                f"fits one worker ({largest}); lower them"
             )
         if self.ex.workers and self.ex.workers > fit:
             log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
@@ -378,17 +384,24 @@ class RayRunner:
                 slot.probe_sent = now
 
     def _replace_lost(self, out_dir: Path) -> None:
-        live = [s for s in self.slots if not s.suspect]
         if len(self.slots) < self.target and self._fits():
             self.slots.append(self._start_worker(out_dir))
             return
-        if not live and self.todo:
-            suspects = [s for s in self.slots if s.suspect]
-            if not suspects and not self._fits():
-                raise BulkinferError(
-                    "every Ray worker is gone and the cluster has no room for a new one; "
-                    "rerun when it has (committed shards are kept)"
-                )
+        # No worker that has loaded the model is left, and no alive node could hold one (a
+        # replacement asked for may wait forever): give an autoscaler worker_timeout_s to
+        # add a node, then stop rather than hang. Committed shards are kept.
+        working = [s for s in self.slots if s.ready is None and not s.suspect]
+        if working or self._capacity()[0] > 0:
+            self._stranded_since = None
+            return
+        now = time.monotonic()
+        self._stranded_since = self._stranded_since or now
+        if now - self._stranded_since > self.ex.worker_timeout_s:
+            raise BulkinferError(
+                f"every Ray worker is gone and no node of the cluster fits a new one ({self._capacity()[1]}; waited "
+                f"execution.worker_timeout_s={self.ex.worker_timeout_s:g} s for one to join); rerun when the cluster "
+                "has room (committed shards are kept)"
+            )
 
     def _fits(self) -> bool:
         free = self.ray.available_resources()
