@@ -1,18 +1,23 @@
 """Precomputed results: look rows of a finished offline run up by id.
 
 At start-up the id column of every committed part (from the run's ``_SUCCESS`` manifest)
-is read into an index ``id -> (part, row)``; a lookup reads that one row (the part is
-memory-mapped, the last few are kept open). Only Parquet output is indexed.
+is read and sorted by Arrow (the ids stay in Arrow memory, about their own size plus 8
+bytes a row: tens of millions of ids fit where a Python dict would take gigabytes); a
+lookup is a binary search, then reads that one row (the part is memory-mapped, the last
+few are kept open). Only Parquet output is indexed.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
@@ -41,15 +46,17 @@ class ResultIndex:
             raise ConfigError("serve.results: set source.id_column (--id-column) to the run's id column")
         self.id_column = id_column
         self.files = files
-        self.index: dict[str, tuple[int, int]] = {}
-        for i, name in enumerate(files):
-            ids = pq.read_table(self.out_dir / name, columns=[id_column]).column(id_column).to_pylist()
-            for row, value in enumerate(ids):
-                self.index[str(value)] = (i, row)
+        columns = [pq.read_table(self.out_dir / name, columns=[id_column]).column(id_column) for name in files]
+        self.starts = np.cumsum([0, *(len(c) for c in columns)])  # each part's first global position
+        ids = pa.concat_arrays([c.combine_chunks() for c in columns]) if columns else pa.array([], pa.string())
+        self.numeric = pa.types.is_integer(ids.type)
+        if not self.numeric:
+            ids = ids.cast(pa.string())  # ids arrive as URL text
+        order = pc.sort_indices(ids).slice(0, len(ids) - ids.null_count)  # nulls sort last
+        self.sorted_ids = ids.take(order)
+        self.positions = order.to_numpy()
+        self.id_type = int if self.numeric else str
         self._open: OrderedDict[int, pa.Table] = OrderedDict()
-        first = next(iter(self.index), None)
-        sample = self.get(first) if first is not None else None
-        self.id_type = type(sample[id_column]) if sample else str
 
     def parse_id(self, key: str) -> Any:
         """``key`` (from a URL) as the id column's type, for a row computed live."""
@@ -59,14 +66,19 @@ class ResultIndex:
             return key
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.sorted_ids)
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The output row for ``key``, or None."""
-        where = self.index.get(key)
-        if where is None:
+        value = self.parse_id(key)
+        if self.numeric and not isinstance(value, int):
             return None
-        part, row = where
+        at = bisect.bisect_left(self.sorted_ids, value, key=lambda scalar: scalar.as_py())
+        if at == len(self.sorted_ids) or self.sorted_ids[at].as_py() != value:
+            return None
+        position = int(self.positions[at])
+        part = int(np.searchsorted(self.starts, position, side="right")) - 1
+        row = position - int(self.starts[part])
         table = self._open.pop(part, None)
         if table is None:
             table = pq.read_table(self.out_dir / self.files[part], memory_map=True)
