@@ -123,7 +123,7 @@ class RuntimeConfig(_Section):
 
 class SinkConfig(_Section):
     path: str = ""
-    """Output directory (local path)."""
+    """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
     format: Literal["parquet", "jsonl", "csv"] = "parquet"
     """Output file format."""
     keep_columns: list[str] = Field(default_factory=list)
@@ -220,6 +220,12 @@ class JobConfig(_Section):
             raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
         if not self.sink.path:
             raise ConfigError("sink.path: no output directory given; pass --output or set sink.path")
+        scheme, sep, _ = self.sink.path.partition("://")
+        if sep and scheme != "file":
+            raise ConfigError(
+                f"sink.path: {self.sink.path}: output goes to a local or shared filesystem path (NFS, EFS, a "
+                f"mounted bucket); {scheme}:// output is not supported yet (inputs may be {scheme}:// URIs)"
+            )
 
 
 def _format_validation_error(exc: ValidationError, origin: str) -> str:

@@ -66,3 +66,16 @@ def test_every_field_is_documented():
 def test_require_runnable_names_missing_field():
     with pytest.raises(ConfigError, match="source.paths"):
         JobConfig().require_runnable()
+
+
+def test_an_object_store_output_is_refused_not_written_to_a_local_folder_named_s3(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = {"source.paths": ["in.parquet"], "model.name": "minilm"}
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={**base, "sink.path": "s3://bucket/out"}).require_runnable()
+    assert str(err.value) == (
+        "sink.path: s3://bucket/out: output goes to a local or shared filesystem path (NFS, EFS, a mounted bucket); "
+        "s3:// output is not supported yet (inputs may be s3:// URIs)"
+    )
+    load_config(overrides={**base, "sink.path": f"file://{tmp_path}/out"}).require_runnable()
+    assert not (tmp_path / "s3:").exists()
