@@ -315,6 +315,8 @@ def inspect(
         f"{info['rows_remaining']} remaining"
     )
     typer.echo(f"  errors           {info['error_records']} error record(s)")
+    if info["column_types"]:
+        typer.echo(f"  column types     {', '.join(f'{c} {t}' for c, t in info['column_types'].items())}")
     if info["lock_holder"]:
         typer.echo(f"  running          {info['lock_holder']}")
     if info["last_run"]:

@@ -45,6 +45,7 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
         "job_fingerprint": job.get("fingerprint"),
         "model": job.get("model"),
         "inputs": len(job.get("inputs", [])),
+        "column_types": job.get("column_types", {}),
         "shards_planned": len(shards),
         "shards_committed": len(shards) - len({s.index for s in todo}),
         "shards_remaining": len({s.index for s in todo}),

@@ -38,6 +38,9 @@ def test_run_from_config_with_set_then_inspect(job):
     )
     text = cli("inspect", "out", cwd=job, check=True).stdout
     assert "complete" in text and "3/3 committed" in text and info["job_fingerprint"] in text
+    assert info["column_types"]["segment"] == "string" and info["column_types"]["id"] == "int64"
+    (types_line,) = [line for line in text.splitlines() if line.startswith("  column types")]
+    assert "id int64" in types_line and "segment string" in types_line
     again = cli("run", "job.toml", "--set", "runtime.batch_size=64", "--keep-columns", "segment", cwd=job, check=True)
     assert "done: 0 rows written this run (900 already committed)" in again.stdout
 
