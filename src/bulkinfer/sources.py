@@ -608,11 +608,15 @@ def _read_csv(
     with fs.open(path, "rb") as fh:
         fh.seek(shard.offset)
         data = fh.read(shard.end - shard.offset)
-    wanted = {c: t for c, t in types.items() if c in columns and c in names}
+    _check_columns(shard.uri, pa.schema([(n, pa.string()) for n in names]), columns)
+    wanted = {c: t for c, t in types.items() if c in columns}
+    only = list(columns)  # the other columns are parsed (for field counts) but not converted
     try:
-        batches = _parse_csv_range(shard, data, names, columns, pacsv.ConvertOptions(column_types=wanted), bad)
+        convert = pacsv.ConvertOptions(column_types=wanted, include_columns=only)
+        batches = _parse_csv_range(shard, data, names, columns, convert, bad)
     except pa.ArrowInvalid:
-        as_text = pacsv.ConvertOptions(column_types={c: pa.string() for c in wanted}, strings_can_be_null=True)
+        text = {c: pa.string() for c in wanted}
+        as_text = pacsv.ConvertOptions(column_types=text, strings_can_be_null=True, include_columns=only)
         batches = _parse_csv_range(shard, data, names, columns, as_text, bad)
     for batch in batches:
         yield from _slices(batch, batch_rows)
@@ -629,7 +633,6 @@ def _parse_csv_range(
     opts = pacsv.ReadOptions(column_names=names, block_size=1 << 22, use_threads=False)
     parse = pacsv.ParseOptions(invalid_row_handler=ragged)
     reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse, convert_options=convert)
-    _check_columns(shard.uri, reader.schema, columns)
     out = []
     next_row = base
     for batch in reader:
