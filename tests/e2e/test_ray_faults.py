@@ -139,12 +139,17 @@ def test_every_worker_node_gone_stops_with_one_line_instead_of_hanging(tmp_path,
         for _ in range(2):
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
+    _rerun_resumes_exactly_once(args, tmp_path, cluster, committed)
+
+
+def _rerun_resumes_exactly_once(args: list[str], tmp_path: Path, cluster, committed: int) -> dict:
     rerun = _start(args, tmp_path, cluster.address)
     _, stderr = rerun.communicate(timeout=180)
     assert rerun.returncode == 0, stderr
     _assert_exactly_once(tmp_path / "out")
     report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
     assert report["rows_already_done"] == committed * 50
+    return report
 
 
 def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
@@ -155,12 +160,7 @@ def test_driver_killed_mid_job_rerun_resumes_exactly_once(tmp_path, cluster):
     proc.wait()
     committed = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
     assert 2 <= committed < ROWS // 50
-    rerun = _start(args, tmp_path, cluster.address)
-    _, stderr = rerun.communicate(timeout=180)
-    assert rerun.returncode == 0, stderr
-    _assert_exactly_once(tmp_path / "out")
-    report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
-    assert report["rows_already_done"] == committed * 50
+    report = _rerun_resumes_exactly_once(args, tmp_path, cluster, committed)
     assert report["rows_in"] == ROWS - committed * 50
 
 
