@@ -19,7 +19,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import fsspec
@@ -250,6 +250,18 @@ def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
         return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
     except (pa.ArrowInvalid, OSError) as exc:
         raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file") from exc
+
+
+def _csv_header(uri: str) -> list[str]:
+    """The file's column names, read once per version of the file (every shard needs them)."""
+    fs, path = _fs(uri)
+    info = fs.info(path)
+    return list(_csv_header_of(uri, info.get("size"), str(info.get("mtime") or info.get("LastModified") or "")))
+
+
+@lru_cache(maxsize=256)
+def _csv_header_of(uri: str, _size: int | None, _mtime: str) -> tuple[str, ...]:
+    return tuple(_csv_reader(uri).schema.names)
 
 
 _CHUNK = 1 << 24
@@ -602,7 +614,7 @@ def _read_csv(
     column types asked of pyarrow directly; if a value does not fit them, the range is
     parsed again with those columns as text, and :func:`read_shard` fails only the rows
     whose values do not convert."""
-    names = _csv_reader(shard.uri).schema.names
+    names = _csv_header(shard.uri)
     fs, path = _fs(shard.uri)
     assert shard.offset is not None and shard.end is not None
     with fs.open(path, "rb") as fh:
