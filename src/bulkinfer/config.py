@@ -212,6 +212,11 @@ class JobConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
 
+    @property
+    def passthrough_columns(self) -> list[str]:
+        """Input columns copied to the output: the id column and ``sink.keep_columns``, once each."""
+        return list(dict.fromkeys(c for c in [self.source.id_column, *self.sink.keep_columns] if c))
+
     def require_runnable(self) -> None:
         """Refuse a config that cannot run, naming the missing field."""
         if not self.source.paths:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from .adapters import available_cpus, build_adapter, job_setup_context, resolve_model
 from .committer import Committer, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import ConfigError, ErrorBudgetExceeded, Interrupted, OutputError, SourceError
@@ -151,7 +151,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     model = resolve_model(cfg)
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
-    passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
+    passthrough = cfg.passthrough_columns
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not passthrough:
         log.info("output order is not the input order and no id column is kept")
     inputs = list_inputs(cfg.source.paths, cfg.source.format)
@@ -290,8 +290,7 @@ def _execute(
     stop: threading.Event,
     gate: Callable[[], None] = lambda: None,
 ) -> None:
-    threads = cfg.runtime.threads or available_cpus()
-    adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
+    adapter.setup(job_setup_context(cfg))
     gate()
     stats.mark_running()
     missing = [c for c in adapter.input_columns if not c]
@@ -324,8 +323,7 @@ def _execute_ray(
 
     runner = RayRunner(cfg, stats, stop)
     if cfg.runtime.precision != "fp32":
-        threads = cfg.runtime.threads or available_cpus()
-        adapter.setup(SetupContext(threads=threads, device=cfg.runtime.device, options=cfg.model.options))
+        adapter.setup(job_setup_context(cfg))
         try:
             gate()
         finally:

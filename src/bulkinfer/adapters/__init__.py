@@ -30,6 +30,7 @@ __all__ = [
     "SetupContext",
     "available_cpus",
     "build_adapter",
+    "job_setup_context",
     "predict_features",
     "predict_table",
     "resolve_model",
@@ -149,3 +150,14 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
     columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
     return load_custom(model.location, columns, m.options)
+
+
+def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: bool = False) -> SetupContext:
+    """What an adapter sets up with for ``cfg``: ``threads`` (default ``runtime.threads``, else
+    the CPUs this process may use), the runtime's device and the model's options."""
+    return SetupContext(
+        threads=threads or cfg.runtime.threads or available_cpus(),
+        device=cfg.runtime.device,
+        options=cfg.model.options,
+        online=online,
+    )

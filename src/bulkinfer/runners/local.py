@@ -132,8 +132,7 @@ class LocalRunner:
         self.row_filter: frozenset[int] | None = None  # only these rows (--retry-errors)
         self._filter_array = pa.array([], pa.int64())
         self.batch_size = cfg.runtime.rows_per_call
-        passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
-        self.passthrough = list(dict.fromkeys(passthrough))
+        self.passthrough = cfg.passthrough_columns
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
         self.types = {c: parse_type(t) for c, t in cfg.source.column_types.items()}
         self._lock = threading.Lock()

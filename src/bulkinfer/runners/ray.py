@@ -63,7 +63,7 @@ class Worker:
     """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
 
     def __init__(self, cfg_json: dict[str, Any], out_dir: str, cwd: str, paths: list[str]) -> None:
-        from ..adapters import SetupContext, build_adapter, resolve_model
+        from ..adapters import build_adapter, job_setup_context, resolve_model
 
         if os.path.isdir(cwd):  # relative input paths and custom modules resolve as on the driver
             os.chdir(cwd)
@@ -77,8 +77,7 @@ class Worker:
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
             self.adapter = build_adapter(self.cfg, resolve_model(self.cfg))
-            ctx = SetupContext(threads=threads, device=self.cfg.runtime.device, options=self.cfg.model.options)
-            self.adapter.setup(ctx)
+            self.adapter.setup(job_setup_context(self.cfg, threads=threads))
         except BaseException as exc:  # reported by ready(), raised by the driver
             self.error = exc
 

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, resolve_model, to_numpy_column
+from ..adapters import Adapter, build_adapter, job_setup_context, resolve_model, to_numpy_column
 from ..config import JobConfig
 from ..errors import BulkinferError, ConfigError
 from ..job import resolve_batch_size
@@ -85,8 +85,7 @@ class _Server:
         self.model = resolve_model(cfg)
         self.adapter: Adapter = build_adapter(cfg, self.model)
         cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
-        passthrough = [c for c in [cfg.source.id_column, *cfg.sink.keep_columns] if c]
-        self.passthrough = list(dict.fromkeys(c for c in passthrough if c not in self.adapter.input_columns))
+        self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
         self.metrics = ServeMetrics()
         self.batcher: Batcher | None = None
         self.setup_error: str | None = None
@@ -102,10 +101,7 @@ class _Server:
     def _setup(self) -> None:
         rt = self.cfg.runtime
         try:
-            ctx = SetupContext(
-                threads=rt.threads or available_cpus(), device=rt.device, options=self.cfg.model.options, online=True
-            )
-            self.adapter.setup(ctx)
+            self.adapter.setup(job_setup_context(self.cfg, online=True))
             overhead = None
             if self.model.kind == "text-embedding":
                 sample = pa.table({self.adapter.input_columns[0]: ["a short text of some words"] * 16})
