@@ -32,6 +32,7 @@ def serve(cfg: JobConfig) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((cfg.serve.host, cfg.serve.port))
+        sock.listen(2048)  # from here a client that read the URL below queues instead of being refused
     except OSError as exc:
         raise ConfigError(
             f"serve.port: cannot listen on {cfg.serve.host}:{cfg.serve.port} ({exc.strerror or exc})"
