@@ -5,12 +5,12 @@ The public API is what ``__all__`` lists; everything else is private and may cha
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .adapters.base import Adapter, SetupContext
 from .config import JobConfig, load_config
 from .errors import (
     BulkinferError,
+    ClusterError,
     ConfigError,
     ErrorBudgetExceeded,
     Interrupted,
@@ -28,6 +28,7 @@ from .status import inspect_output
 __all__ = [
     "Adapter",
     "BulkinferError",
+    "ClusterError",
     "ConfigError",
     "ErrorBudgetExceeded",
     "Interrupted",

@@ -63,11 +63,10 @@ def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
     from .errors import OutputError
     from .ledger import Ledger
 
-    job = Ledger(out).read_job()
-    if job is None:
+    plan = Ledger(out).read_plan()
+    if plan is None:
         raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
-    config: dict[str, Any] = job["config"]
-    return config, [f["uri"] for f in job["inputs"]]
+    return plan.config, [f.uri for f in plan.inputs]
 
 
 def _fail(exc: BulkinferError) -> typer.Exit:

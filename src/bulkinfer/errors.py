@@ -6,8 +6,9 @@ names the file, the row or the field and says what to do. The CLI prints the mes
 
     BulkinferError                 exit 1
     ├── ConfigError                a field is unknown, of the wrong type, or contradicts another
-    ├── SourceError                an input cannot be listed, read or parsed
+    ├── SourceError                an input cannot be listed, read or parsed (``uri`` names it)
     ├── ModelError                 the model cannot be found, loaded or run
+    ├── ClusterError               the Ray cluster lost every worker and has no room for a new one
     ├── OutputError                the output directory cannot be written, or belongs to another job
     │   ├── LockedError            another live run holds the output directory
     │   └── JobMismatchError       the output holds a different job (config, model or input changed)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "BulkinferError",
+    "ClusterError",
     "ConfigError",
     "ErrorBudgetExceeded",
     "Interrupted",
@@ -47,11 +49,23 @@ class ConfigError(BulkinferError):
 
 
 class SourceError(BulkinferError):
-    """An input file cannot be listed, opened or parsed."""
+    """An input file cannot be listed, opened or parsed; ``uri`` names it when one file is to blame
+    (as httpx errors carry their request), so nothing has to parse the message."""
+
+    def __init__(self, message: str, uri: str | None = None) -> None:
+        super().__init__(message)
+        self.uri = uri
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # Ray ships errors between processes
+        return (type(self), (str(self), self.uri))
 
 
 class ModelError(BulkinferError):
     """The model cannot be resolved, loaded or run."""
+
+
+class ClusterError(BulkinferError):
+    """Every worker of the Ray cluster is gone and no node fits a new one; committed shards are kept."""
 
 
 class OutputError(BulkinferError):

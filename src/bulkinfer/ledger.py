@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import JobMismatchError, LedgerError, LockedError, OutputError
-from .sinks import Part, write_bytes
+from .plan import JobPlan, describe_change
+from .records import ErrorRecord, encode_records
+from .sinks import ERRORS, Part, write_bytes
 
-__all__ = ["Commit", "Ledger", "active_error_files", "failed_rows"]
+__all__ = ["ERRORS", "PRIVATE", "SUCCESS", "Commit", "Ledger", "active_error_files", "failed_rows"]
 
 PRIVATE = "_bulkinfer"
 SUCCESS = "_SUCCESS"
-ERRORS = "_errors"
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,13 @@ class Ledger:
         self.took_over_from: str | None = None
 
     # -- lock ---------------------------------------------------------------
+    def __enter__(self) -> Ledger:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def acquire(self) -> None:
         """Take the directory's lock; a lock left by a dead process is free (flock dies with it)."""
         self.private.mkdir(parents=True, exist_ok=True)
@@ -138,22 +146,22 @@ class Ledger:
             self._lock_fh = None
 
     # -- job identity -------------------------------------------------------
-    def read_job(self) -> dict[str, Any] | None:
+    def read_plan(self) -> JobPlan | None:
+        """The plan of the job this output holds, or None when it holds none."""
         if not self.job_path.is_file():
             return None
         try:
-            data: dict[str, Any] = json.loads(self.job_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            return JobPlan.from_json(json.loads(self.job_path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"{self.job_path}: unreadable ({exc}); rerun with --overwrite") from exc
-        return data
 
-    def begin(self, job: dict[str, Any], overwrite: bool) -> dict[str, Any]:
-        """Start or resume ``job`` here; return the job record in force (with the stored plan)."""
-        existing = self.read_job()
-        if existing is not None and existing.get("fingerprint") != job["fingerprint"]:
+    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
+        """Start or resume ``plan``'s job here; return the plan in force (the stored one on a resume)."""
+        existing = self.read_plan()
+        if existing is not None and existing.fingerprint != plan.fingerprint:
             if not overwrite:
                 raise JobMismatchError(
-                    f"{self.out_dir}: holds a different job ({_describe_change(existing, job)}); "
+                    f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
                     "rerun with --overwrite to discard it, or choose another --output"
                 )
             self.wipe()
@@ -166,9 +174,9 @@ class Ledger:
                     "choose an empty or new --output"
                 )
             self.wipe()
-            _write_atomic(self.job_path, json.dumps(job, indent=1))
+            _write_atomic(self.job_path, json.dumps(plan.to_json(), indent=1))
             self.log_path.touch()
-            return job
+            return plan
         return existing
 
     def wipe(self) -> None:
@@ -242,12 +250,36 @@ class Ledger:
                     removed.append(f"{ERRORS}/{p.name}")
         return removed
 
-    def write_input_errors(self, records: list[dict[str, Any]]) -> None:
+    def write_input_errors(self, records: list[ErrorRecord]) -> None:
         """``_errors/inputs.jsonl``: the input files that could not be planned (part of the plan)."""
         self.errors_dir.mkdir(exist_ok=True)
-        _write_atomic(self.errors_dir / "inputs.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        _write_atomic(self.errors_dir / "inputs.jsonl", encode_records(records).decode())
 
-    def write_success(self, manifest: Mapping[str, Any]) -> None:
+    def write_success(self, fingerprint: str, inputs_failed: int) -> None:
+        """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum."""
+        commits = sorted(self.commits(), key=lambda c: (c.shard, c.start))
+        manifest = {
+            "job_fingerprint": fingerprint,
+            "completed": time.time(),
+            "rows": sum(c.rows for c in commits),
+            "rows_failed": failed_rows(commits),
+            "inputs_failed": inputs_failed,
+            "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]
+            + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
+            "files": [
+                {
+                    "name": c.file,
+                    "rows": c.rows,
+                    "bytes": c.bytes,
+                    "sha256": c.sha256,
+                    "shard": c.shard,
+                    "start": c.start,
+                    "stop": c.stop,
+                }
+                for c in commits
+                if c.file
+            ],
+        }
         _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
 
     def replace_log(self, commits: Iterable[Commit]) -> None:
@@ -272,16 +304,3 @@ def failed_rows(commits: Iterable[Commit]) -> int:
     commits = list(commits)
     active = set(active_error_files(commits))
     return sum(c.errors for c in commits if c.error_file in active)
-
-
-def _describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    if old.get("model_digest") != new.get("model_digest"):
-        return "the model changed"
-    old_inputs = {f["uri"]: f for f in old.get("inputs", [])}
-    new_inputs = {f["uri"]: f for f in new.get("inputs", [])}
-    for uri in sorted(set(old_inputs) | set(new_inputs)):
-        if old_inputs.get(uri) != new_inputs.get(uri):
-            return f"input {uri} changed" if uri in old_inputs and uri in new_inputs else f"input set changed at {uri}"
-    old_cfg, new_cfg = old.get("identity", {}), new.get("identity", {})
-    changed = sorted(k for k in set(old_cfg) | set(new_cfg) if old_cfg.get(k) != new_cfg.get(k))
-    return f"config changed: {', '.join(changed)}" if changed else "its fingerprint differs"

@@ -9,18 +9,24 @@ with the figures, before writing anything. The figures go into ``report.json``.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from .adapters import Adapter, SetupContext, predict_table, to_numpy_column
+from .adapters import Adapter, SetupContext, available_cpus, build_adapter, predict_table, to_numpy_column
 from .errors import QualityGateError
 from .sources import ROW, Shard, read_shard
 
-__all__ = ["compare_embeddings", "quality_gate", "run_adapter"]
+if TYPE_CHECKING:
+    from .adapters import ResolvedModel
+    from .config import JobConfig
+    from .ledger import Ledger
+
+__all__ = ["compare_embeddings", "job_quality_gate", "quality_gate", "run_adapter"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -129,4 +135,32 @@ def quality_gate(
         )
         err.figures = figures
         raise err
+    return figures
+
+
+def job_quality_gate(
+    cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard], ledger: Ledger
+) -> dict[str, Any] | None:
+    """The gate for a job with a lowered precision, on its own rows; once per output and floor
+    (the figures are kept in ``_bulkinfer/quality.json``). None for fp32."""
+    rt = cfg.runtime
+    if rt.precision == "fp32":
+        return None
+    cached = ledger.private / "quality.json"
+    if cached.is_file():
+        figures: dict[str, Any] = json.loads(cached.read_text())
+        if figures.get("floor") == rt.quality_floor and figures.get("passed"):
+            return figures
+    reference = build_adapter(cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})}), model)
+    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
+    figures = quality_gate(
+        adapter,
+        reference,
+        sample,
+        batch_size=rt.rows_per_call,
+        floor=rt.quality_floor,
+        precision=rt.precision,
+        threads=rt.threads or available_cpus(),
+    )
+    ledger.write_private("quality.json", figures)
     return figures

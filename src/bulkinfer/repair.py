@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 
 from .errors import LedgerError
 from .ledger import Commit, Ledger
-from .sources import Shard
 
 __all__ = ["rebuild_ledger"]
 
@@ -44,10 +43,10 @@ def _failed_in(path: Path) -> int:
 
 def rebuild_ledger(ledger: Ledger) -> list[Commit]:
     """Write a new ``commits.log`` describing the parts and error files present; return it."""
-    job = ledger.read_job()
+    job = ledger.read_plan()
     if job is None:
         raise LedgerError(f"{ledger.out_dir}: no _bulkinfer/job.json; nothing to repair, rerun with --overwrite")
-    plan = {s["index"]: Shard.from_json(s) for s in job["shards"]}
+    plan = {s.index: s for s in job.shards}
     parts: dict[tuple[int, int], list[tuple[int, Path]]] = {}
     errors: dict[tuple[int, int], list[tuple[int, Path]]] = {}
     candidates = [p for p in ledger.out_dir.iterdir() if p.is_file()]

@@ -9,7 +9,6 @@ from typing import Any
 from .committer import remaining_work
 from .errors import OutputError
 from .ledger import ERRORS, SUCCESS, Ledger
-from .sources import Shard
 
 __all__ = ["inspect_output"]
 
@@ -29,10 +28,10 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     """Describe the job in ``out_dir`` without changing anything."""
     out = Path(out_dir)
     ledger = Ledger(out)
-    job = ledger.read_job()
-    if job is None:
+    plan = ledger.read_plan()
+    if plan is None:
         raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
-    shards = [Shard.from_json(s) for s in job.get("shards", [])]
+    shards = plan.shards
     commits = ledger.commits(repair=False)
     todo = remaining_work(shards, commits)  # partial commits leave a shard's tail to do
     rows_planned = sum(s.num_rows for s in shards)
@@ -42,10 +41,10 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     holder = ledger.live_holder()
     return {
         "output": str(out),
-        "job_fingerprint": job.get("fingerprint"),
-        "model": job.get("model"),
-        "inputs": len(job.get("inputs", [])),
-        "column_types": job.get("column_types", {}),
+        "job_fingerprint": plan.fingerprint,
+        "model": {"kind": plan.model_kind, "location": plan.model_location},
+        "inputs": len(plan.inputs),
+        "column_types": plan.column_types or {},
         "shards_planned": len(shards),
         "shards_committed": len(shards) - len({s.index for s in todo}),
         "shards_remaining": len({s.index for s in todo}),

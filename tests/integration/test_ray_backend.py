@@ -14,10 +14,12 @@ import pyarrow as pa
 import pytest
 
 from bulkinfer import load_config, run_job
+from bulkinfer.adapters import build_adapter, resolve_model
 from bulkinfer.committer import Committer
 from bulkinfer.errors import ConfigError
 from bulkinfer.ledger import Ledger
 from bulkinfer.report import RunStats
+from bulkinfer.sinks import make_sink
 from bulkinfer.sources import list_inputs, plan_shards
 
 from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
@@ -130,13 +132,13 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module)
     ledger = Ledger(out)
     ledger.acquire()
     stats = RunStats(rows_planned=200)
-    committer = Committer(cfg, ledger, stats, {s.index: s.start for s in shards}, failed_before=0)
+    committer = Committer(cfg, ledger, make_sink(cfg), stats, {s.index: s.start for s in shards}, failed_before=0)
     from bulkinfer.runners.ray import RayRunner
 
-    runner = RayRunner(cfg, stats, threading.Event())
-    slots = [runner._start_worker(out) for _ in range(2)]
+    runner = RayRunner(cfg, build_adapter(cfg, resolve_model(cfg)), stats, threading.Event())
+    slots = [runner._start_worker() for _ in range(2)]
     assert [local_ray.get(s.ready)["error"] for s in slots] == [None, None]
-    refs = [s.actor.process.remote(shards[0], 0, f"attempt{i}") for i, s in enumerate(slots)]
+    refs = [s.actor.process.remote(shards[0], None, f"attempt{i}") for i, s in enumerate(slots)]
     results = local_ray.get(refs)
     assert len(list(out.glob(".part-00000.parquet.tmp-attempt*"))) == 2  # both staged, neither visible
     for result in results:

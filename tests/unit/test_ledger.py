@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from bulkinfer.errors import JobMismatchError, LedgerError, LockedError
 from bulkinfer.ledger import Ledger
+from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
 
 
@@ -64,14 +65,15 @@ def test_begin_refuses_other_job_unless_overwrite(tmp_path):
     led = Ledger(tmp_path)
     led.acquire()
     job = {"fingerprint": "a", "model_digest": "m1", "inputs": [], "identity": {"x": 1}, "shards": []}
-    led.begin(job, overwrite=False)
+    led.begin(JobPlan.from_json(job), overwrite=False)
+    assert led.read_plan() == JobPlan.from_json(job)
     led.commit(0, 0, 1, _part(0))
     (tmp_path / "part-00000.parquet").write_text("x")
     with pytest.raises(JobMismatchError, match="model changed"):
-        led.begin({**job, "fingerprint": "b", "model_digest": "m2"}, overwrite=False)
+        led.begin(JobPlan.from_json({**job, "fingerprint": "b", "model_digest": "m2"}), overwrite=False)
     with pytest.raises(JobMismatchError, match=r"config changed: x"):
-        led.begin({**job, "fingerprint": "b", "identity": {"x": 2}}, overwrite=False)
-    led.begin({**job, "fingerprint": "b"}, overwrite=True)
+        led.begin(JobPlan.from_json({**job, "fingerprint": "b", "identity": {"x": 2}}), overwrite=False)
+    led.begin(JobPlan.from_json({**job, "fingerprint": "b"}), overwrite=True)
     assert led.commits() == []
     assert not (tmp_path / "part-00000.parquet").exists()
     led.release()
@@ -82,7 +84,7 @@ def test_foreign_directory_is_refused(tmp_path):
     led = Ledger(tmp_path)
     led.acquire()
     with pytest.raises(Exception, match="not a bulkinfer output"):
-        led.begin({"fingerprint": "a", "shards": []}, overwrite=False)
+        led.begin(JobPlan.from_json({"fingerprint": "a", "shards": []}), overwrite=False)
     led.release()
 
 

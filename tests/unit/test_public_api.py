@@ -6,6 +6,7 @@ def test_public_names_are_pinned():
         [
             "Adapter",
             "BulkinferError",
+            "ClusterError",
             "ConfigError",
             "ErrorBudgetExceeded",
             "Interrupted",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bulkinfer.sources as sources
+import bulkinfer.sources.csv as sources_csv
 from bulkinfer.errors import SourceError
 from bulkinfer.sources import ROW, list_inputs, plan_shards, read_shard
 
@@ -136,7 +136,7 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
     (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
     with pytest.MonkeyPatch.context() as mp:
         if chunk:
-            mp.setattr(sources, "_CHUNK", chunk)
+            mp.setattr(sources_csv, "_CHUNK", chunk)
         shards = plan_shards(list_inputs([str(d)]), shard_rows)
     if record == 0:
         assert shards == []

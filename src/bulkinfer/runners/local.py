@@ -32,50 +32,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..adapters import Adapter, to_arrow_column
+from ..adapters import Adapter, job_setup_context, to_arrow_column
 from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
+from ..records import ErrorRecord, ShardOutput
 from ..report import RunStats
 from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
+from .base import BatchTimeout, Emit
 
-__all__ = ["LocalRunner", "ShardOutput", "error_record"]
+__all__ = ["LocalRunner"]
 
 _STOP = object()
-
-
-def error_record(
-    shard: Shard, row: int, stage: str, exc: BaseException | str, *, row_id: Any = None, rows: int = 1
-) -> dict[str, Any]:
-    """One line of ``_errors/``: where the row came from and why it failed."""
-    if isinstance(exc, BaseException):
-        etype, message = type(exc).__name__, str(exc)
-    else:
-        etype, message = "Error", exc
-    return {
-        "input": shard.uri,
-        "row": row,
-        "rows": rows,
-        "id": row_id,
-        "stage": stage,
-        "error_type": etype,
-        "message": " ".join(message.split())[:2000],
-    }
 
 
 def _is_oom(exc: BaseException) -> bool:
     name = type(exc).__name__
     return isinstance(exc, MemoryError) or "OutOfMemory" in name or "Failed to allocate" in str(exc)
-
-
-@dataclass
-class ShardOutput:
-    """The rows of ``shard`` (which may be a prefix of a planned shard), in input order."""
-
-    shard: Shard
-    table: pa.Table
-    errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -92,7 +66,7 @@ class _WindowEnd:
     shard: Shard
     rows: np.ndarray  # each window position's row number in the file
     passthrough: pa.Table
-    errors: list[dict[str, Any]]
+    errors: list[ErrorRecord]
     next_row: int  # the first row after this window (rows before it are done once it is assembled)
 
 
@@ -114,7 +88,7 @@ class _ShardState:
     shard: Shard
     done_rows: int = 0
     windows: list[pa.Table] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
     pieces: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
     batch_errors: list[tuple[int, BaseException]] = field(default_factory=list)
 
@@ -138,6 +112,16 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
+
+    # -- the runner contract -------------------------------------------------------
+    def start(self, gate: Callable[[], None]) -> None:
+        """Set the model up in this process, then run the quality gate."""
+        self.adapter.setup(job_setup_context(self.cfg))
+        gate()
+        self.stats.mark_running()
+
+    def close(self) -> None:
+        self.adapter.close()
 
     # -- splitting (stragglers) ---------------------------------------------------
     def progress(self) -> dict[int, int]:
@@ -196,9 +180,7 @@ class LocalRunner:
         col = self.cfg.source.id_column
         return table.column(col)[pos].as_py() if col and col in table.column_names else None
 
-    def _preprocess(
-        self, shard: Shard, rows: np.ndarray, table: pa.Table
-    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+    def _preprocess(self, shard: Shard, rows: np.ndarray, table: pa.Table) -> tuple[Any, np.ndarray, list[ErrorRecord]]:
         """Features of the window's good rows, their positions, and error records for the bad ones."""
         positions = np.arange(table.num_rows)
         try:
@@ -212,7 +194,7 @@ class LocalRunner:
         )
         bad = {pos for pos, _exc in failed}
         errors = [
-            error_record(shard, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))
+            ErrorRecord.of(shard.uri, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))
             for pos, exc in failed
         ]
         good = np.array([p for p in positions if p not in bad], dtype=np.int64)
@@ -248,7 +230,7 @@ class LocalRunner:
                 table, limit = self._cut(shard, window)
                 if limit is not None:
                     last = limit - 1
-                errors = [error_record(shard, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
+                errors = [ErrorRecord.of(shard.uri, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
                 bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
                 if self.row_filter is not None:
                     table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
@@ -261,7 +243,7 @@ class LocalRunner:
                 self.stats.add_time("preprocess", time.perf_counter() - t0)
                 for item in items:
                     q.put(item)
-                next_row = max([last, *(e["row"] for e in errors)]) + 1
+                next_row = max([last, *(e.row for e in errors if e.row is not None)]) + 1
                 q.put(_WindowEnd(shard, rows, table.select(self.passthrough), errors + pre_errors, next_row))
                 if limit is not None:
                     q.put(_ShardEnd(shard, stop=limit))
@@ -276,7 +258,7 @@ class LocalRunner:
             limit = self._limits.get(shard.index)
         if bad_rows:  # rows after the last good one
             errors = [
-                error_record(shard, r, "read", m)
+                ErrorRecord.of(shard.uri, r, "read", m)
                 for r, m in bad_rows
                 if self._wanted(r) and (limit is None or r < limit)
             ]
@@ -350,7 +332,9 @@ class LocalRunner:
         state.errors.extend(end.errors)
         for pos, exc in batch_errors:
             state.errors.append(
-                error_record(end.shard, int(end.rows[pos]), "predict", exc, row_id=self._row_id(end.passthrough, pos))
+                ErrorRecord.of(
+                    end.shard.uri, int(end.rows[pos]), "predict", exc, row_id=self._row_id(end.passthrough, pos)
+                )
             )
         rows, take = restore_order([p[0] for p in pieces])
         names = list(pieces[0][1]) if pieces else []
@@ -380,16 +364,15 @@ class LocalRunner:
         table = pa.concat_tables(state.windows) if state.windows else pa.table({})
         return ShardOutput(shard, table, state.errors)
 
-    def run(
-        self, shards: Sequence[Shard], emit: Callable[[ShardOutput], None], row_filter: frozenset[int] | None = None
-    ) -> None:
-        """Process ``shards``; ``emit`` is called (in the writer thread) with each finished shard.
+    def run(self, shards: Sequence[Shard], commit: Emit, rows: frozenset[int] | None = None) -> None:
+        """Process ``shards`` (only ``rows`` of them when given: ``--retry-errors``); ``commit``
+        is called (in the writer thread) with each finished shard.
 
-        Returns normally when every shard was emitted, or when ``stop`` was set (after
-        emitting the complete prefix of the shard in progress).
+        Returns normally when every shard was committed, or when ``stop`` was set (after
+        committing the complete prefix of the shard in progress).
         """
-        self.row_filter = row_filter
-        self._filter_array = pa.array(sorted(row_filter or ()), pa.int64())
+        self.row_filter = rows
+        self._filter_array = pa.array(sorted(rows or ()), pa.int64())
         self._halt.clear()
         q: queue.Queue[Any] = queue.Queue(maxsize=self.cfg.runtime.prefetch_batches)
         done: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -401,7 +384,7 @@ class LocalRunner:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    emit(item)
+                    commit(item)
                 except BaseException as exc:
                     writer_error.append(exc)
                 self.stats.add_time("write", time.perf_counter() - t0)
@@ -443,7 +426,9 @@ class LocalRunner:
                     if item.error is not None:
                         assert item.failed_from is not None
                         n = item.shard.stop - item.failed_from
-                        state.errors.append(error_record(item.shard, item.failed_from, "read", item.error, rows=n))
+                        state.errors.append(
+                            ErrorRecord.of(item.shard.uri, item.failed_from, "read", item.error, rows=n)
+                        )
                     done.put(self._finish(state))
         finally:
             self._halt.set()
@@ -452,10 +437,6 @@ class LocalRunner:
             writer.join()
         if writer_error:
             raise writer_error[0]
-
-
-class BatchTimeout(Exception):
-    """A model call did not return within ``runtime.batch_timeout_s``."""
 
 
 def _with_timeout(fn: Callable[[], Any], timeout: float) -> Any:

@@ -30,16 +30,17 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from ..committer import Committer, StagedOutput, discard, stage_output
+from ..adapters import Adapter, job_setup_context
 from ..config import JobConfig
-from ..errors import BulkinferError, ConfigError, ModelError
+from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
+from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
+from .base import Committing
 
 __all__ = ["RayRunner"]
 
@@ -62,8 +63,8 @@ def _ray() -> Any:
 class Worker:
     """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
 
-    def __init__(self, cfg_json: dict[str, Any], out_dir: str, cwd: str, paths: list[str]) -> None:
-        from ..adapters import build_adapter, job_setup_context, resolve_model
+    def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
+        from ..adapters import build_adapter, resolve_model
 
         if os.path.isdir(cwd):  # relative input paths and custom modules resolve as on the driver
             os.chdir(cwd)
@@ -71,7 +72,7 @@ class Worker:
             if p not in sys.path and os.path.isdir(p):
                 sys.path.insert(0, p)
         self.cfg = JobConfig.model_validate(cfg_json)
-        self.out_dir = Path(out_dir)
+        self.sink = make_sink(self.cfg)
         self.runner: Any = None
         self.error: BaseException | None = None
         threads = max(1, int(self.cfg.execution.num_cpus))
@@ -84,7 +85,7 @@ class Worker:
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
 
-    def process(self, shard: Shard, planned_start: int, tag: str) -> dict[str, Any]:
+    def process(self, shard: Shard, name_start: int | None, tag: str) -> dict[str, Any]:
         from .local import LocalRunner
 
         if self.error is not None:
@@ -94,9 +95,7 @@ class Worker:
         staged: list[StagedOutput] = []
         self.runner = runner
         try:
-            runner.run(
-                [shard], lambda out: staged.append(stage_output(self.out_dir, self.cfg, out, planned_start, tag))
-            )
+            runner.run([shard], lambda out: staged.append(self.sink.stage(out, name_start, tag)))
         finally:
             self.runner = None
         return {"staged": staged[0], "figures": stats.worker_figures()}
@@ -134,10 +133,14 @@ class _Attempt:
 
 
 class RayRunner:
-    """Runs shards on Ray actors; ``committer.publish`` commits each staged result."""
+    """Runs shards on Ray actors; ``commit.publish`` commits each staged result."""
 
-    def __init__(self, cfg: JobConfig, stats: RunStats, stop: threading.Event) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event) -> None:
+        # workers write to the same output, whatever their working directory
+        out = str(make_sink(cfg).out_dir.resolve())
+        self.cfg = cfg.model_copy(update={"sink": cfg.sink.model_copy(update={"path": out})})
+        self.adapter = adapter
+        self.on_progress: Callable[[], None] = lambda: None
         self.ex = cfg.execution
         self.stats = stats
         self.stop = stop
@@ -153,6 +156,19 @@ class RayRunner:
         self.started_ray = False
         self.target = 0
         self._stranded_since: float | None = None
+
+    # -- the runner contract -----------------------------------------------------------
+    def start(self, gate: Callable[[], None]) -> None:
+        """Run the quality gate here, before any worker starts (only a lowered precision has
+        one), then join the cluster (ray.init installs its own SIGTERM handler: connect
+        before the job installs its own)."""
+        if self.cfg.runtime.precision != "fp32":
+            self.adapter.setup(job_setup_context(self.cfg))
+            try:
+                gate()
+            finally:
+                self.adapter.close()
+        self.connect()
 
     # -- cluster ---------------------------------------------------------------------
     def connect(self) -> None:
@@ -206,7 +222,7 @@ class RayRunner:
             log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
         return min(self.ex.workers or fit, fit)
 
-    def _start_worker(self, out_dir: Path) -> _Slot:
+    def _start_worker(self) -> _Slot:
         self._n += 1
         if self._actor_class is None:
             self._actor_class = self.ray.remote(Worker)
@@ -217,35 +233,34 @@ class RayRunner:
             max_restarts=0,
             scheduling_strategy="SPREAD",
         )
-        actor = remote.remote(
-            self.cfg.model_dump(mode="json"), str(out_dir.resolve()), os.getcwd(), [os.getcwd(), *sys.path]
-        )
+        actor = remote.remote(self.cfg.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path])
         self.counts["workers_started"] += 1
         return _Slot(actor, f"worker-{self._n}", actor.ready.remote())
 
     # -- main loop ---------------------------------------------------------------------
-    def run(self, shards: Sequence[Shard], committer: Committer) -> None:
+    def run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None = None) -> None:
         """Run ``shards`` to completion (or until ``stop``); each result is committed once.
-        Call :meth:`connect` first and :meth:`close` after."""
+        Call :meth:`start` first and :meth:`close` after."""
+        if rows is not None:
+            raise ConfigError("--retry-errors runs with the local backend; drop --backend ray")
         self.connect()
-        out_dir = committer.ledger.out_dir
         n = self._size()
         nodes = sum(1 for x in self.ray.nodes() if x.get("Alive"))
         log.info("ray: %d worker(s) × %g CPU on %d node(s)", n, self.ex.num_cpus, nodes)
-        self.slots = [self._start_worker(out_dir) for _ in range(n)]
+        self.slots = [self._start_worker() for _ in range(n)]
         self.target = n
         self.todo = deque(shards)
         self.rows_left = sum(s.num_rows for s in shards)
         while self.rows_left > 0:
             if self.stop.is_set():
-                self._wind_down(committer)
+                self._wind_down(commit)
                 return
             self._check_started()
-            self._assign(committer)
-            self._collect(committer, timeout=0.2)
+            self._assign(commit)
+            self._collect(commit, timeout=0.2)
             self._heartbeat()
             self._split_stragglers()
-            self._replace_lost(out_dir)
+            self._replace_lost()
 
     def _check_started(self) -> None:
         starting = [s for s in self.slots if s.ready is not None]
@@ -269,7 +284,7 @@ class RayRunner:
                 self.stats.mark_running()
             log.info("%s ready (pid %s on %s)", slot.name, info["pid"], info["host"])
 
-    def _assign(self, committer: Committer) -> None:
+    def _assign(self, commit: Committing) -> None:
         for slot in self.slots:
             if not self.todo:
                 return
@@ -278,13 +293,13 @@ class RayRunner:
                 if self._is_covered(shard):
                     continue
                 tag = uuid.uuid4().hex[:12]  # names the attempt's temp files
-                ref = slot.actor.process.remote(shard, committer.planned_starts[shard.index], tag)
+                ref = slot.actor.process.remote(shard, commit.name_start(shard), tag)
                 attempt = _Attempt(shard, slot, ref, shard.start)
                 slot.attempt = attempt
                 slot.last_seen = time.monotonic()
                 self.attempts[ref] = attempt
 
-    def _collect(self, committer: Committer, timeout: float) -> None:
+    def _collect(self, commit: Committing, timeout: float) -> None:
         refs = list(self.attempts)
         if not refs:
             time.sleep(timeout)
@@ -310,13 +325,13 @@ class RayRunner:
                 slot.attempt = None
             slot.suspect = False
             slot.last_seen = time.monotonic()
-            self._accept(committer, result)
+            self._accept(commit, result)
 
-    def _accept(self, committer: Committer, result: dict[str, Any]) -> None:
+    def _accept(self, commit: Committing, result: dict[str, Any]) -> None:
         staged: StagedOutput = result["staged"]
         shard = staged.shard
         if self._is_covered(shard):
-            discard(committer.ledger.out_dir, staged)
+            commit.discard(staged)
             self.counts["discarded"] += 1
             log.info(
                 "rows %s of shard %d were committed by another attempt; this one is discarded",
@@ -324,7 +339,7 @@ class RayRunner:
                 shard.index,
             )
             return
-        committer.publish(staged)
+        commit.publish(staged)
         self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
         self.rows_left -= shard.num_rows
         self.stats.merge(result["figures"])
@@ -382,9 +397,9 @@ class RayRunner:
                 slot.probe = slot.actor.progress.remote()
                 slot.probe_sent = now
 
-    def _replace_lost(self, out_dir: Path) -> None:
+    def _replace_lost(self) -> None:
         if len(self.slots) < self.target and self._fits():
-            self.slots.append(self._start_worker(out_dir))
+            self.slots.append(self._start_worker())
             return
         # No worker that has loaded the model is left, and no alive node could hold one (a
         # replacement asked for may wait forever): give an autoscaler worker_timeout_s to
@@ -396,7 +411,7 @@ class RayRunner:
         now = time.monotonic()
         self._stranded_since = self._stranded_since or now
         if now - self._stranded_since > self.ex.worker_timeout_s:
-            raise BulkinferError(
+            raise ClusterError(
                 f"every Ray worker is gone and no node of the cluster fits a new one ({self._capacity()[1]}; waited "
                 f"execution.worker_timeout_s={self.ex.worker_timeout_s:g} s for one to join); rerun when the cluster "
                 "has room (committed shards are kept)"
@@ -442,7 +457,7 @@ class RayRunner:
             return None  # the heartbeat deals with a worker that does not answer
         return None if accepted is None else int(accepted)
 
-    def _wind_down(self, committer: Committer) -> None:
+    def _wind_down(self, commit: Committing) -> None:
         """On stop: each running shard ends at the rows already read; commit those, then return."""
         for attempt in list(self.attempts.values()):
             if not attempt.abandoned:
@@ -451,7 +466,7 @@ class RayRunner:
                     attempt.shard = replace(attempt.shard, stop=at)
         deadline = time.monotonic() + _STOP_GRACE_S
         while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
-            self._collect(committer, timeout=0.5)
+            self._collect(commit, timeout=0.5)
 
 
 def _reachable(address: str | None, timeout: float = 5.0) -> None:

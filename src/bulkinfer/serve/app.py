@@ -1,87 +1,51 @@
-"""The HTTP server over a job's adapter: an ASGI app (Starlette) run by uvicorn.
+"""The HTTP server over a job's adapter: an ASGI app (Starlette) run by uvicorn. This
+module holds the routing, the lifespan and the model behind the routes; request checks
+are in :mod:`.validation`, API keys in :mod:`.auth`, the OpenAI route in :mod:`.openai`.
 
 Routes: ``POST /v1/predict`` (rows in, the offline output's columns out),
-``POST /v1/embeddings`` (OpenAI-compatible), ``GET /healthz``, ``GET /readyz``,
-``GET /metrics`` (Prometheus). Every error is JSON ``{"error": {"message", "type",
-"code"}}`` naming the problem; no traceback ever leaves the server.
+``POST /v1/embeddings`` (OpenAI-compatible), ``GET /v1/results/{id}`` (precomputed, with
+live fallback), ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` (Prometheus). Every
+error is JSON ``{"error": {"message", "type", "code"}}`` naming the problem; no traceback
+ever leaves the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import orjson
 import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import Adapter, build_adapter, job_setup_context, resolve_model, to_numpy_column
+from ..adapters import Adapter, build_adapter, job_setup_context, resolve_batch_size, resolve_model
 from ..config import JobConfig
-from ..errors import BulkinferError, ConfigError
-from ..job import resolve_batch_size
+from ..errors import BulkinferError
+from . import openai
+from .auth import authorize, load_keys
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .metrics import ServeMetrics
 from .results import ResultIndex
+from .validation import ApiError, JSONResponse, check_rows, error_response, live_inputs, read_body
 
-__all__ = ["ApiError", "build_app"]
+__all__ = ["ApiError", "Server", "build_app"]
 
 log = logging.getLogger("bulkinfer")
 
-_NUMERIC_KINDS = ("tabular", "onnx")
 
-
-class ApiError(Exception):
-    """An error answered to the client with ``status`` and a one-line message."""
-
-    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
-
-
-class JSONResponse(Response):
-    """JSON by orjson: numpy arrays (embeddings) are written without a Python float per value."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
-
-
-def _load_keys(path: str | None) -> list[bytes]:
-    if path is None:
-        return []
-    try:
-        lines = Path(path).expanduser().read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"serve.api_keys_file: cannot read {path} ({exc.strerror or exc})") from exc
-    keys = [line.strip().encode() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    if not keys:
-        raise ConfigError(f"serve.api_keys_file: {path} holds no key (one per line)")
-    return keys
-
-
-class _Server:
-    """The model, its batcher and the request checks; shared by the routes."""
+class Server:
+    """The model, its batcher and what the routes share."""
 
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         self.sv = cfg.serve
-        self.keys = _load_keys(self.sv.api_keys_file)
+        self.keys = load_keys(self.sv.api_keys_file)
         self.model = resolve_model(cfg)
         self.adapter: Adapter = build_adapter(cfg, self.model)
         cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
@@ -121,35 +85,6 @@ class _Server:
             self.setup_error = str(exc)
             log.error("model set-up failed: %s", exc)
 
-    # -- request checks -------------------------------------------------------------
-    def authorize(self, request: Request) -> None:
-        if not self.keys:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip().encode(), k) for k in self.keys):
-            raise ApiError(
-                401, "missing or invalid API key (Authorization: Bearer <key>)", "unauthorized",
-                {"WWW-Authenticate": "Bearer"},
-            )  # fmt: skip
-
-    async def body(self, request: Request) -> Any:
-        limit = self.sv.max_body_bytes
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > limit:
-            raise ApiError(413, f"request body of {length} bytes is over serve.max_body_bytes={limit}", "too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body is over serve.max_body_bytes={limit}", "too_large")
-            chunks.append(chunk)
-        try:
-            return orjson.loads(b"".join(chunks))
-        except orjson.JSONDecodeError as exc:
-            where = f"line {exc.lineno} column {exc.colno}"
-            raise ApiError(422, f"body is not valid JSON at {where}", "invalid_json") from None
-
     def ready_batcher(self) -> Batcher:
         if self.batcher is None:
             why = f"model set-up failed: {self.setup_error}" if self.setup_error else "the model is still loading"
@@ -157,41 +92,9 @@ class _Server:
         return self.batcher
 
     def check_rows(self, rows: Any) -> pa.Table:
-        """The request's rows as a table of the model's input columns (and the kept ones)."""
-        if not isinstance(rows, list) or not rows:
-            raise ApiError(422, "rows: expected a non-empty list of objects", "invalid_request")
-        if len(rows) > self.sv.max_rows_per_request:
-            raise ApiError(
-                413, f"rows: {len(rows)} rows is over serve.max_rows_per_request={self.sv.max_rows_per_request}",
-                "too_large",
-            )  # fmt: skip
-        kind = self.model.kind
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise ApiError(422, f"rows[{i}]: expected an object, got {type(row).__name__}", "invalid_request")
-            for col in self.adapter.input_columns:
-                if col not in row:
-                    cols = ", ".join(self.adapter.input_columns)
-                    raise ApiError(422, f"rows[{i}].{col}: missing (the model reads {cols})", "invalid_request")
-                value = row[col]
-                if kind == "text-embedding" and not isinstance(value, str):
-                    raise ApiError(
-                        422, f"rows[{i}].{col}: expected a string, got {_json_type(value)}", "invalid_request"
-                    )
-                if kind in _NUMERIC_KINDS and (isinstance(value, bool) or not isinstance(value, int | float | None)):
-                    raise ApiError(
-                        422, f"rows[{i}].{col}: expected a number, got {_json_type(value)}", "invalid_request"
-                    )
-        columns = list(dict.fromkeys([*self.adapter.input_columns, *self.passthrough]))
-        data = {}
-        for col in columns:
-            if col in self.passthrough and not all(col in r for r in rows):
-                continue  # kept columns are echoed when every row has them
-            try:
-                data[col] = pa.array([r.get(col) for r in rows])
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                raise ApiError(422, f"rows[*].{col}: values of mixed types ({exc})", "invalid_request") from None
-        return pa.table(data)
+        return check_rows(
+            rows, self.adapter.input_columns, self.model.kind, self.passthrough, self.sv.max_rows_per_request
+        )
 
     async def infer(self, table: pa.Table) -> Answer:
         batcher = self.ready_batcher()
@@ -218,36 +121,13 @@ class _Server:
         rows: list[dict[str, Any]] = pa.Table.from_arrays(columns, names=[*kept, *outputs]).to_pylist()
         return rows
 
-    def live_inputs(self, key: str, query: Any) -> dict[str, Any]:
-        """The model's inputs for a live answer to ``GET /v1/results/{id}``, from the query string."""
-        values: dict[str, Any] = {}
-        for col in self.adapter.input_columns:
-            if col not in query:
-                raise ApiError(
-                    422, f"{col}: missing query parameter (needed to compute id {key!r} live)", "invalid_request"
-                )
-            values[col] = query[col]
-            if self.model.kind in _NUMERIC_KINDS:
-                try:
-                    values[col] = float(query[col])
-                except ValueError:
-                    raise ApiError(422, f"{col}: expected a number, got {query[col]!r}", "invalid_request") from None
-        return values
-
-
-def _json_type(value: Any) -> str:
-    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), "null" if value is None else type(value).__name__
-    )
-
 
 def build_app(cfg: JobConfig) -> Starlette:
     """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
-    server = _Server(cfg)
+    server = Server(cfg)
 
     async def predict(request: Request) -> Response:
-        server.authorize(request)
-        body = await server.body(request)
+        body = await read_body(request, server.sv.max_body_bytes)
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
         answer = await server.infer(table)
@@ -255,7 +135,6 @@ def build_app(cfg: JobConfig) -> Starlette:
         return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
 
     async def results(request: Request) -> Response:
-        server.authorize(request)
         index = server.results
         if index is None:
             raise ApiError(404, "no precomputed results here: start the server with serve.results = OUT/", "not_found")
@@ -269,40 +148,13 @@ def build_app(cfg: JobConfig) -> Starlette:
                 404, f"id {key!r} is not among the {len(index)} precomputed rows of {index.out_dir}; "
                 f"add ?fallback=live&<{cols}>=... to compute it", "not_found",
             )  # fmt: skip
-        values = server.live_inputs(key, request.query_params)
+        values = live_inputs(key, request.query_params, server.adapter.input_columns, server.model.kind)
         table = server.check_rows([{**values, index.id_column: index.parse_id(key)}])
         answer = await server.infer(table)
         return JSONResponse({"id": key, "answered_by": "live", "row": server.answer_rows(table, answer.columns)[0]})
 
     async def embeddings(request: Request) -> Response:
-        server.authorize(request)
-        if server.model.kind != "text-embedding":
-            raise ApiError(404, "this model makes no embeddings; use POST /v1/predict", "not_found")
-        body = await server.body(request)
-        if not isinstance(body, dict):
-            raise ApiError(422, "body: expected an object with input", "invalid_request")
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise ApiError(422, "input: expected a string or a non-empty list of strings", "invalid_request")
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise ApiError(422, f"encoding_format: expected float or base64, got {fmt!r}", "invalid_request")
-        text_column = server.adapter.input_columns[0]
-        table = server.check_rows([{text_column: t} for t in texts])
-        answer = await server.infer(table)
-        matrix = to_numpy_column(answer.columns["embedding"]).astype(np.float32, copy=False)
-        data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec,
-            }
-            for i, vec in enumerate(matrix)
-        ]
-        usage = {"prompt_tokens": answer.tokens or 0, "total_tokens": answer.tokens or 0}
-        return JSONResponse({"object": "list", "data": data, "model": body.get("model") or server.name, "usage": usage})
+        return await openai.embeddings(server, request)
 
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -311,8 +163,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         if server.batcher is not None:
             return JSONResponse({"status": "ready", "model": server.name})
         if server.setup_error:
-            return _error(503, f"model set-up failed: {server.setup_error}", "unavailable")
-        return _error(503, "the model is still loading", "unavailable", {"Retry-After": "1"})
+            return error_response(503, f"model set-up failed: {server.setup_error}", "unavailable")
+        return error_response(503, "the model is still loading", "unavailable", {"Retry-After": "1"})
 
     async def metrics(_request: Request) -> Response:
         if server.batcher is not None:
@@ -322,11 +174,11 @@ def build_app(cfg: JobConfig) -> Starlette:
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return _error(exc.status, exc.message, exc.kind, exc.headers)
+        return error_response(exc.status, exc.message, exc.kind, exc.headers)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         log.error("unexpected error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        return _error(500, "internal error (see the server log)", "internal_error")
+        return error_response(500, "internal error (see the server log)", "internal_error")
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> Any:
@@ -335,13 +187,16 @@ def build_app(cfg: JobConfig) -> Starlette:
         if server.batcher is not None:
             server.batcher.close()
 
-    def timed(endpoint: str, handler: Any) -> Any:
+    def guarded(endpoint: str, handler: Any) -> Any:
+        """The API key checked first; errors answered as JSON; every request timed and counted."""
+
         async def wrapped(request: Request) -> Response:
             t0 = time.perf_counter()
             try:
+                authorize(request, server.keys)
                 response: Response = await handler(request)
             except ApiError as exc:
-                response = _error(exc.status, exc.message, exc.kind, exc.headers)
+                response = error_response(exc.status, exc.message, exc.kind, exc.headers)
             except Exception as exc:
                 response = await on_error(request, exc)
             server.metrics.observe_request(endpoint, response.status_code, time.perf_counter() - t0)
@@ -350,9 +205,9 @@ def build_app(cfg: JobConfig) -> Starlette:
         return wrapped
 
     routes = [
-        Route("/v1/predict", timed("predict", predict), methods=["POST"]),
-        Route("/v1/embeddings", timed("embeddings", embeddings), methods=["POST"]),
-        Route("/v1/results/{id:path}", timed("results", results), methods=["GET"]),
+        Route("/v1/predict", guarded("predict", predict), methods=["POST"]),
+        Route("/v1/embeddings", guarded("embeddings", embeddings), methods=["POST"]),
+        Route("/v1/results/{id:path}", guarded("results", results), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

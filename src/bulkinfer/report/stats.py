@@ -1,22 +1,14 @@
-"""What a run did: counters and timings fed by the runner, a progress display, the
-final summary, ``report.json`` and a Prometheus text file. Reads events, never decides.
-"""
+"""The run's counters and timings, fed by the runner and the committer (thread-safe)."""
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-__all__ = ["Progress", "RunStats", "write_prometheus"]
-
-log = logging.getLogger("bulkinfer")
+__all__ = ["STAGES", "RunStats"]
 
 STAGES = ("read", "preprocess", "infer", "write")
 
@@ -147,89 +139,3 @@ class RunStats:
                 "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
             },
         }
-
-
-class Progress:
-    """A rich bar on a terminal, a log line every ``interval`` seconds otherwise."""
-
-    def __init__(self, stats: RunStats, mode: str = "auto", interval: float = 10.0) -> None:
-        self.stats = stats
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "log"
-        self.mode = mode
-        self.interval = interval
-        self._last_log = time.perf_counter()
-        self._bar: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> Progress:
-        if self.mode == "bar":
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(
-                TextColumn("[bold]bulkinfer"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("rows · {task.fields[rate]} rows/s"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._bar.start()
-            todo = self.stats.rows_planned
-            self._task = self._bar.add_task("run", total=todo, completed=self.stats.rows_already_done, rate="-")
-        return self
-
-    def update(self) -> None:
-        s = self.stats
-        done = s.rows_already_done + max(s.rows_inferred, s.rows_out + s.rows_failed)
-        rate = max(s.rows_inferred, s.rows_out) / max(s.run_s, 1e-9)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, rate=f"{rate:,.0f}")
-        elif self.mode == "log" and time.perf_counter() - self._last_log >= self.interval:
-            self._last_log = time.perf_counter()
-            left = s.rows_planned - done
-            eta = left / rate if rate > 0 else float("nan")
-            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%.0f", done, s.rows_planned, rate, eta)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self.update()
-            self._bar.stop()
-
-
-def write_prometheus(path: Path, report: Mapping[str, Any], labels: Mapping[str, str]) -> None:
-    """Write the run's figures in Prometheus text format (for node_exporter's textfile collector)."""
-    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
-
-    reg = CollectorRegistry()
-    names = list(labels)
-    values = [labels[k] for k in names]
-
-    def gauge(name: str, doc: str, value: float | None, extra: Mapping[str, str] | None = None) -> None:
-        if value is None:
-            return
-        keys = names + list(extra or {})
-        g = Gauge(name, doc, keys, registry=reg) if name not in gauges else gauges[name]
-        gauges[name] = g
-        g.labels(*values, *(extra or {}).values()).set(value)
-
-    gauges: dict[str, Gauge] = {}
-    gauge("bulkinfer_rows_out", "Rows written by this run.", report["rows_out"])
-    gauge("bulkinfer_rows_failed", "Rows failed in this run.", report["rows_failed"])
-    gauge("bulkinfer_wall_seconds", "Wall time of this run.", report["wall_s"])
-    gauge("bulkinfer_rows_per_second", "Throughput of this run.", report["rows_per_s"])
-    for stage, secs in report["time_s"].items():
-        gauge("bulkinfer_stage_seconds", "Busy seconds per pipeline stage.", secs, {"stage": stage})
-    gauge("bulkinfer_cost_per_million_rows", "Cost per million rows.", report["cost"]["per_million_rows"])
-    write_to_textfile(str(path), reg)

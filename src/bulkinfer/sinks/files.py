@@ -1,8 +1,9 @@
-"""Output files: serialise a shard's table, write it under a temporary name, make it durable,
-and rename it into place. Only the ledger decides that a part is committed.
+"""The file sink: a shard's table serialised (Parquet, JSONL or CSV), written under a hidden
+temporary name, made durable, and renamed into place in a local or shared folder.
 
 A part is invisible (``.``-prefixed) until the atomic rename; after the rename it is
 complete. Readers that skip names starting with ``_`` or ``.`` never see half a file.
+Only the ledger decides that a part is committed.
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from .errors import OutputError
-from .faults import crash_point
+from ..errors import OutputError
+from ..faults import crash_point
+from ..records import ShardOutput, encode_records
+from .base import Part, Published, Staged, StagedOutput
 
 __all__ = [
+    "ERRORS",
     "EXTENSIONS",
-    "Part",
-    "Staged",
+    "FileSink",
     "fsync_dir",
     "part_name",
     "publish",
@@ -35,16 +37,7 @@ __all__ = [
 ]
 
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv"}
-
-
-@dataclass(frozen=True)
-class Part:
-    """A part file written and renamed into place (not yet in the ledger)."""
-
-    name: str
-    rows: int
-    bytes: int
-    sha256: str
+ERRORS = "_errors"
 
 
 def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:
@@ -93,14 +86,6 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
     return write_bytes(out_dir, name, serialize(table, fmt, compression), table.num_rows)
 
 
-@dataclass(frozen=True)
-class Staged:
-    """A file written and made durable under a hidden temporary name, not yet in place."""
-
-    temp: str
-    part: Part
-
-
 def stage_bytes(out_dir: Path, name: str, data: bytes, rows: int, tag: str = "", what: str = "the part") -> Staged:
     """Write ``data`` to a hidden temp file beside ``out_dir/name`` and fsync it.
 
@@ -147,3 +132,62 @@ def _write_error(path: Path, what: str, exc: OSError) -> OutputError:
     return OutputError(
         f"{path}: cannot write {what} ({exc.strerror or exc}); free space or fix permissions, then rerun to resume"
     )
+
+
+class FileSink:
+    """Parts in ``out_dir``, error records in ``out_dir/_errors`` (see :mod:`.base` for the lifecycle)."""
+
+    def __init__(self, out_dir: Path, fmt: str = "parquet", compression: str = "zstd") -> None:
+        self.out_dir = out_dir
+        self.errors_dir = out_dir / ERRORS
+        self.format = fmt
+        self.compression = compression
+
+    def start(self) -> None:
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{self.out_dir}: cannot create the output directory ({exc.strerror or exc})") from exc
+
+    def stage(self, out: ShardOutput, start: int | None, tag: str = "", name: str | None = None) -> StagedOutput:
+        """``name`` (without extension) overrides the part's usual name (``--retry-errors`` parts)."""
+        shard = out.shard
+        errors = part = None
+        if out.errors:
+            self.errors_dir.mkdir(exist_ok=True)
+            errors_name = f"{name}.jsonl" if name else part_name(shard.index, "jsonl", start)
+            errors = stage_bytes(self.errors_dir, errors_name, encode_records(out.errors), len(out.errors), tag)
+        if out.table.num_rows:
+            data = serialize(out.table, self.format, self.compression)
+            final = name + EXTENSIONS[self.format] if name else part_name(shard.index, self.format, start)
+            part = stage_bytes(self.out_dir, final, data, out.table.num_rows, tag)
+        first = out.errors[0].headline() if out.errors else None
+        return StagedOutput(shard, part, errors, out.failed, first)
+
+    def publish(self, staged: StagedOutput) -> Published:
+        error_file = publish(self.errors_dir, staged.errors).name if staged.errors else None
+        part = None
+        if staged.part:
+            part = publish(self.out_dir, staged.part)
+            crash_point("part-renamed")
+        return Published(part, error_file)
+
+    def discard(self, staged: StagedOutput) -> None:
+        if staged.part:
+            (self.out_dir / staged.part.temp).unlink(missing_ok=True)
+        if staged.errors:
+            (self.errors_dir / staged.errors.temp).unlink(missing_ok=True)
+
+    def complete(self) -> None:
+        self._sweep()
+
+    def failed(self) -> None:
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove temporary files of attempts that were never published (a Ray attempt that
+        lost a race or was cut off). Nothing visible or committed is touched."""
+        for folder in (self.out_dir, self.errors_dir):
+            if folder.is_dir():
+                for p in folder.glob(".part-*.tmp-*"):
+                    p.unlink(missing_ok=True)

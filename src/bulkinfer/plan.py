@@ -1,0 +1,201 @@
+"""The job's plan: what is read, how it is cut, with which types, and the identity that
+says whether an output holds this job. :class:`JobPlan` is ``_bulkinfer/job.json``; the
+ledger, the runners, ``inspect`` and a resume read it, never a dict.
+
+Planning is deterministic (same inputs and config, same plan), so a resume on another
+machine finds the same shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .config import JobConfig
+from .errors import SourceError
+from .records import ErrorRecord
+from .schema import type_name
+from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
+
+if TYPE_CHECKING:
+    from .adapters import Adapter, ResolvedModel
+
+__all__ = ["JobPlan", "describe_change", "job_identity", "make_plan"]
+
+log = logging.getLogger("bulkinfer")
+
+# Fields that change what is written. The others (batch size, threads, progress...) may
+# change between a crash and its resume.
+_IDENTITY_FIELDS = {
+    "source": ("format", "id_column", "shard_rows", "column_types"),
+    "model": ("kind", "text_column", "feature_columns", "max_seq_length", "options"),
+    "runtime": ("engine", "precision"),
+    "sink": ("format", "keep_columns", "preserve_order", "compression"),
+    "execution": ("limit_rows",),
+}
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything a run decided before reading a row; ``to_json`` / ``from_json`` is ``job.json``."""
+
+    fingerprint: str
+    identity: dict[str, Any]
+    model_kind: str
+    model_location: str
+    model_digest: str
+    inputs: list[InputFile]
+    config: dict[str, Any]
+    shards: list[Shard]
+    input_errors: list[ErrorRecord] = field(default_factory=list)
+    column_types: dict[str, str] | None = None  # None: planned by a version that did not settle types
+    created: float = 0.0
+    bulkinfer_version: str = __version__
+
+    @property
+    def rows(self) -> int:
+        return sum(s.num_rows for s in self.shards)
+
+    @property
+    def planned_starts(self) -> dict[int, int]:
+        """Each shard's first row as planned (a tail of it names its file by its own start)."""
+        return {s.index: s.start for s in self.shards}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "bulkinfer_version": self.bulkinfer_version,
+            "created": self.created,
+            "identity": self.identity,
+            "model": {"kind": self.model_kind, "location": self.model_location},
+            "model_digest": self.model_digest,
+            "inputs": [f.to_json() for f in self.inputs],
+            "config": self.config,
+            "shards": [s.to_json() for s in self.shards],
+            "input_errors": [e.to_json() for e in self.input_errors],
+            **({} if self.column_types is None else {"column_types": self.column_types}),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobPlan:
+        model = data.get("model") or {}
+        return cls(
+            fingerprint=data["fingerprint"],
+            identity=data.get("identity", {}),
+            model_kind=model.get("kind", ""),
+            model_location=model.get("location", ""),
+            model_digest=data.get("model_digest", ""),
+            inputs=[InputFile.from_json(f) for f in data.get("inputs", [])],
+            config=data.get("config", {}),
+            shards=[Shard.from_json(s) for s in data.get("shards", [])],
+            input_errors=[ErrorRecord.from_json(e) for e in data.get("input_errors", [])],
+            column_types=data.get("column_types"),
+            created=data.get("created", 0.0),
+            bulkinfer_version=data.get("bulkinfer_version", ""),
+        )
+
+
+def job_identity(cfg: JobConfig) -> dict[str, Any]:
+    dumped = cfg.model_dump(mode="json")
+    return {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
+
+
+def _fingerprint(identity: dict[str, Any], model_digest: str, inputs: list[InputFile]) -> str:
+    records = [f.to_json() for f in inputs]
+    body = json.dumps({"identity": identity, "model": model_digest, "inputs": records}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def _retry_fingerprint(existing: JobPlan, draft: JobPlan) -> str:
+    """A retry may run a fixed model (new code or options) over the failed rows, never other inputs."""
+    same_inputs = [f.to_json() for f in existing.inputs] == [f.to_json() for f in draft.inputs]
+    old_identity = {k: v for k, v in existing.identity.items() if k != "model.options"}
+    new_identity = {k: v for k, v in draft.identity.items() if k != "model.options"}
+    if not same_inputs or old_identity != new_identity:
+        return draft.fingerprint  # begin() refuses it and says what changed
+    if (
+        existing.model_digest != draft.model_digest
+        or existing.identity.get("model.options") != draft.identity["model.options"]
+    ):
+        log.warning("the model changed since these rows failed: retried rows use the new model, the others keep theirs")
+    return existing.fingerprint
+
+
+def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
+    if limit is None:
+        return shards
+    out, left = [], limit
+    for s in shards:
+        if left <= 0:
+            break
+        out.append(replace(s, stop=min(s.stop, s.start + left)) if s.num_rows > left else s)
+        left -= s.num_rows
+    return out
+
+
+def make_plan(
+    cfg: JobConfig,
+    model: ResolvedModel,
+    adapter: Adapter,
+    existing: JobPlan | None = None,
+    *,
+    retry_errors: bool = False,
+) -> JobPlan:
+    """Plan the job ``cfg`` describes; when ``existing`` (the output's plan) is this job,
+    keep its shards and types, so a resume reads what the first run planned.
+
+    Refuses up front (``SourceError``) when a needed column is in no input file, and when
+    no input file could be planned at all.
+    """
+    inputs = list_inputs(cfg.source.paths, cfg.source.format)
+    columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
+    heads = {f.uri: head_schema(f) for f in inputs}
+    check_columns(heads, columns)
+    identity = job_identity(cfg)
+    draft = JobPlan(
+        fingerprint=_fingerprint(identity, model.digest, inputs),
+        identity=identity,
+        model_kind=model.kind,
+        model_location=model.location,
+        model_digest=model.digest,
+        inputs=inputs,
+        config=cfg.model_dump(mode="json"),
+        shards=[],
+        created=time.time(),
+    )
+    if retry_errors and existing is not None and existing.fingerprint != draft.fingerprint:
+        draft = replace(draft, fingerprint=_retry_fingerprint(existing, draft))
+    same = existing is not None and existing.fingerprint == draft.fingerprint
+    if same:
+        assert existing is not None
+        shards, input_errors = existing.shards, existing.input_errors
+    else:
+        problems: list[SourceError] = []
+        shards = _limit(plan_shards(inputs, cfg.source.shard_rows, problems), cfg.execution.limit_rows)
+        input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p) for p in problems]
+        if problems and not shards:
+            raise problems[0]
+    if same and existing is not None and existing.column_types is not None:
+        column_types = existing.column_types  # as the run that planned these shards read them
+    else:  # the types the planned files start with; a file skipped at planning has no say
+        settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
+        column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
+    return replace(draft, shards=shards, input_errors=input_errors, column_types=column_types)
+
+
+def describe_change(old: JobPlan, new: JobPlan) -> str:
+    """What differs between the job an output holds and the one asked for, in a few words."""
+    if old.model_digest != new.model_digest:
+        return "the model changed"
+    old_inputs = {f.uri: f.to_json() for f in old.inputs}
+    new_inputs = {f.uri: f.to_json() for f in new.inputs}
+    for uri in sorted(set(old_inputs) | set(new_inputs)):
+        if old_inputs.get(uri) != new_inputs.get(uri):
+            return f"input {uri} changed" if uri in old_inputs and uri in new_inputs else f"input set changed at {uri}"
+    changed = sorted(k for k in set(old.identity) | set(new.identity) if old.identity.get(k) != new.identity.get(k))
+    return f"config changed: {', '.join(changed)}" if changed else "its fingerprint differs"

@@ -1,0 +1,10 @@
+"""What a run did, read from its events (never deciding anything): counters (``stats``),
+the progress display (``progress``), ``report.json`` and Prometheus (``output``)."""
+
+from __future__ import annotations
+
+from .output import write_prometheus, write_report
+from .progress import Progress
+from .stats import RunStats
+
+__all__ = ["Progress", "RunStats", "write_prometheus", "write_report"]

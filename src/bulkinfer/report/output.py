@@ -1,0 +1,71 @@
+"""What a finished (or stopped) run leaves behind besides its results: ``report.json`` and a
+Prometheus text file in ``_bulkinfer/``. The report never hides the run's own outcome."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..adapters import available_cpus
+from ..errors import OutputError
+from .stats import RunStats
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
+    from ..ledger import Ledger
+
+__all__ = ["write_prometheus", "write_report"]
+
+log = logging.getLogger("bulkinfer")
+
+
+def write_report(
+    cfg: JobConfig, ledger: Ledger, stats: RunStats, status: str, fingerprint: str, kind: str, engine: str
+) -> dict[str, Any]:
+    """Write ``report.json`` and ``metrics.prom``; return the report (also when writing failed)."""
+    report = {
+        "status": status,
+        "job_fingerprint": fingerprint,
+        "model_kind": kind,
+        "engine": engine,
+        "precision": cfg.runtime.precision,
+        "batch_size": cfg.runtime.batch_size,
+        "max_tokens": cfg.runtime.max_tokens,
+        "threads": cfg.runtime.threads or available_cpus(),
+        **stats.to_json(price_per_hour=cfg.cost.instance_price_per_hour, currency=cfg.cost.currency),
+    }
+    try:
+        ledger.write_private("report.json", report)
+        write_prometheus(ledger.private / "metrics.prom", report, {"job": fingerprint[:12]})
+    except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
+        log.warning("could not write the report: %s", exc)
+    return report
+
+
+def write_prometheus(path: Path, report: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+    """Write the run's figures in Prometheus text format (for node_exporter's textfile collector)."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    reg = CollectorRegistry()
+    names = list(labels)
+    values = [labels[k] for k in names]
+
+    def gauge(name: str, doc: str, value: float | None, extra: Mapping[str, str] | None = None) -> None:
+        if value is None:
+            return
+        keys = names + list(extra or {})
+        g = Gauge(name, doc, keys, registry=reg) if name not in gauges else gauges[name]
+        gauges[name] = g
+        g.labels(*values, *(extra or {}).values()).set(value)
+
+    gauges: dict[str, Gauge] = {}
+    gauge("bulkinfer_rows_out", "Rows written by this run.", report["rows_out"])
+    gauge("bulkinfer_rows_failed", "Rows failed in this run.", report["rows_failed"])
+    gauge("bulkinfer_wall_seconds", "Wall time of this run.", report["wall_s"])
+    gauge("bulkinfer_rows_per_second", "Throughput of this run.", report["rows_per_s"])
+    for stage, secs in report["time_s"].items():
+        gauge("bulkinfer_stage_seconds", "Busy seconds per pipeline stage.", secs, {"stage": stage})
+    gauge("bulkinfer_cost_per_million_rows", "Cost per million rows.", report["cost"]["per_million_rows"])
+    write_to_textfile(str(path), reg)

@@ -1,0 +1,67 @@
+"""The runner contract: where shards run. ``local`` (this process, threads joined by
+bounded queues) and ``ray`` (actors on a cluster) both implement :class:`Runner`, and the
+job calls every runner the same way::
+
+    runner.start(gate)          set the model up (or join the cluster), run the quality gate
+    runner.run(shards, commit)  each finished shard goes to ``commit`` exactly once
+    runner.close()              release the model, the workers, the cluster
+
+A runner never decides what is committed: it hands each finished shard to the
+committer, which stages, publishes and appends the ledger line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ..records import ShardOutput
+
+if TYPE_CHECKING:
+    from ..sinks import StagedOutput
+    from ..sources import Shard
+
+__all__ = ["BatchTimeout", "Committing", "Emit", "Runner", "ShardOutput"]
+
+Emit = Callable[[ShardOutput], None]
+"""Takes a finished shard (the local runner calls it from its writer thread)."""
+
+
+class BatchTimeout(Exception):
+    """A model call did not return within ``runtime.batch_timeout_s``."""
+
+
+class Committing(Protocol):
+    """What a runner hands finished shards to (:class:`~bulkinfer.committer.Committer`)."""
+
+    def __call__(self, out: ShardOutput) -> None:
+        """Stage, publish and commit a shard finished in this process."""
+        ...
+
+    def name_start(self, shard: Shard) -> int | None:
+        """The row that names ``shard``'s files (None: a whole planned shard)."""
+        ...
+
+    def publish(self, staged: StagedOutput) -> None:
+        """Commit a shard another process staged."""
+        ...
+
+    def discard(self, staged: StagedOutput) -> None:
+        """Drop a staged attempt whose rows another attempt committed."""
+        ...
+
+
+class Runner(Protocol):
+    on_progress: Callable[[], None]
+
+    def start(self, gate: Callable[[], None]) -> None:
+        """Get ready to run (model set up, cluster joined); ``gate`` runs the quality gate
+        where the model is set up, before any row is written."""
+        ...
+
+    def run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None = None) -> None:
+        """Run ``shards`` (only ``rows`` of them when given) until each is committed, or
+        until the job's stop event is set (after committing what was read)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,81 @@
+"""The sink lifecycle (the shape of Ray Data's ``Datasink``), and what it hands back.
+
+::
+
+    start()                      once, before any inference: the output can be written
+    stage(shard output)          a finished shard's files, durable under hidden names
+    publish(staged)              the files under their final names (then the ledger line)
+    discard(staged)              an attempt that will not be committed (it lost a race)
+    complete() / failed()        once, at the end: sweep what no commit needs
+
+Only the ledger decides what is committed: a published file that no ledger line vouches
+for is removed by the next run, so a crash between publish and the ledger line means
+the shard runs again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..records import ShardOutput
+    from ..sources import Shard
+
+__all__ = ["Part", "Published", "Sink", "Staged", "StagedOutput"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A file written and in place under its final name (not yet in the ledger)."""
+
+    name: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A file written and made durable under a hidden temporary name, not yet in place."""
+
+    temp: str
+    part: Part
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    """A finished shard's part and error file, staged and not yet committed: what a Ray
+    worker hands back to the driver, which alone publishes and commits."""
+
+    shard: Shard
+    part: Staged | None
+    errors: Staged | None
+    failed: int
+    first_error: str | None
+
+
+@dataclass(frozen=True)
+class Published:
+    """A shard's files in place: the part (None when no row succeeded) and the error file's name."""
+
+    part: Part | None
+    error_file: str | None
+
+
+class Sink(Protocol):
+    """Where a job's result files go."""
+
+    def start(self) -> None: ...
+
+    def stage(self, out: ShardOutput, start: int | None, tag: str = "") -> StagedOutput:
+        """``start`` is the first row when ``out`` is a tail of its planned shard (it names the file)."""
+        ...
+
+    def publish(self, staged: StagedOutput) -> Published: ...
+
+    def discard(self, staged: StagedOutput) -> None: ...
+
+    def complete(self) -> None: ...
+
+    def failed(self) -> None: ...

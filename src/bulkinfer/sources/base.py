@@ -1,0 +1,101 @@
+"""What every input format shares: a shard (a file's row range), the span a planner cuts,
+and the :class:`Format` protocol each format module implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SourceError
+
+if TYPE_CHECKING:
+    from .files import InputFile
+
+__all__ = ["ROW", "BadRow", "Format", "Shard", "Span", "check_file_columns", "numbered", "slices"]
+
+ROW = "__bulkinfer_row"
+"""Name of the column ``read_shard`` adds: each row's number in its file (errors and resume use it)."""
+
+BadRow = Callable[[int, str], None]
+"""Called with a row's number and what is wrong with it; the row is skipped."""
+
+
+class Span(NamedTuple):
+    """Rows ``[start, stop)`` a planner cut; line formats also give the byte range ``[offset, end)``."""
+
+    start: int
+    stop: int
+    offset: int | None = None
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[start, stop)`` of one input file.
+
+    For JSONL and CSV, ``offset``/``end`` are the byte bounds of the planned shard and
+    ``base`` the row number at ``offset``; a resumed tail of a shard keeps them and moves
+    ``start``.
+    """
+
+    index: int
+    uri: str
+    format: str
+    start: int
+    stop: int
+    offset: int | None = None
+    end: int | None = None
+    base: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Shard:
+        return cls(**data)
+
+
+class Format(Protocol):
+    """One input format: how to cut a file into spans, what its head looks like, and how to
+    read a shard. A new format is a module implementing this and one line in the registry."""
+
+    name: str
+    extensions: tuple[str, ...]
+
+    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+        """Spans of about ``shard_rows`` rows covering every row of ``f`` once; raises
+        :class:`SourceError` when the file is not readable as this format."""
+        ...
+
+    def head_schema(self, f: InputFile) -> pa.Schema:
+        """The columns the file starts with and their types, read cheaply."""
+        ...
+
+    def read(
+        self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+    ) -> Iterator[pa.RecordBatch]:
+        """The shard's rows of ``columns`` in order (numbered with :data:`ROW` when rows were skipped)."""
+        ...
+
+
+def check_file_columns(uri: str, schema: pa.Schema, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SourceError(f"{uri}: column {missing[0]!r} not found; the file has {', '.join(schema.names)}", uri)
+
+
+def numbered(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
+    return batch.append_column(ROW, pa.array(rows, type=pa.int64()))
+
+
+def slices(batch: pa.RecordBatch, size: int) -> Iterator[pa.RecordBatch]:
+    for off in range(0, batch.num_rows, size):
+        yield batch.slice(off, size)

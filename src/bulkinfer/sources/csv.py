@@ -1,0 +1,259 @@
+"""CSV: shards carry byte ranges like JSONL. A record is a non-empty line, or several when a
+quoted value holds line breaks; most files are cut by a vectorised scan of line ends, one
+with line breaks inside quotes by the csv module. A record with too many or too few
+fields is an error row; a quote never closed fails the file with the byte."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache, partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from ..errors import SourceError
+from .base import BadRow, Shard, Span, check_file_columns, numbered, slices
+from .files import InputFile, filesystem, read_range
+
+__all__ = ["CsvFormat"]
+
+
+class CsvFormat:
+    name = "csv"
+    extensions: tuple[str, ...] = (".csv",)
+
+    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+        return _plan_csv(f, shard_rows)
+
+    def head_schema(self, f: InputFile) -> pa.Schema:
+        return _csv_reader(f.uri).schema
+
+    def read(
+        self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+    ) -> Iterator[pa.RecordBatch]:
+        return _read_csv(shard, columns, batch_rows, bad, types)
+
+
+class _RaggedRows:
+    """pyarrow's handler for CSV rows with too many or too few fields: skip each, and keep
+    its row number and what was wrong, so the row becomes an error row instead of failing
+    the file. Row numbers are ``base`` plus pyarrow's count of records before it (empty
+    lines do not count; pyarrow numbers from 1 when it is given the column names)."""
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.rows: list[int] = []
+        self.messages: dict[int, str] = {}
+
+    def __call__(self, row: Any) -> str:
+        if row.number is None:  # pyarrow did not know where it was: fail the shard
+            return "error"
+        number = self.base + int(row.number) - 1
+        self.rows.append(number)
+        text = row.text if len(row.text) <= 80 else row.text[:77] + "..."
+        self.messages[number] = f"CSV row has {row.actual_columns} fields, expected {row.expected_columns}: {text}"
+        return "skip"
+
+
+def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
+    """A reader from the file's start: for its header (pyarrow strips a BOM, reads quotes)."""
+    fs, path = filesystem(uri)
+    opts = pacsv.ReadOptions(block_size=1 << 20, use_threads=False)
+    parse = pacsv.ParseOptions(invalid_row_handler=lambda _row: "skip")  # rows are checked when read
+    try:
+        return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file", uri) from exc
+
+
+def _csv_header(uri: str) -> list[str]:
+    """The file's column names, read once per version of the file (every shard needs them)."""
+    fs, path = filesystem(uri)
+    info = fs.info(path)
+    return list(_csv_header_of(uri, info.get("size"), str(info.get("mtime") or info.get("LastModified") or "")))
+
+
+@lru_cache(maxsize=256)
+def _csv_header_of(uri: str, _size: int | None, _mtime: str) -> tuple[str, ...]:
+    return tuple(_csv_reader(uri).schema.names)
+
+
+_CHUNK = 1 << 24
+
+
+def _plan_csv(f: InputFile, shard_rows: int) -> list[Span]:
+    """Shards of ``shard_rows`` records with the byte range of each, like JSONL: a record is
+    a non-empty line, or several when a quoted value holds line breaks; ragged records
+    count (they become error rows). Most files are cut by a vectorised scan of line ends;
+    one with line breaks inside quotes goes through the csv module, which knows quoting."""
+    fs, path = filesystem(f.uri)
+    scans = (_record_ends_plain, _record_ends_quoted, partial(_record_ends_quoted, strict=False))
+    with fs.open(path, "rb") as fh:
+        for scan in scans:
+            fh.seek(0)
+            with contextlib.suppress(_LinesAreNotRecords):  # the next scan knows more CSV
+                return _cut_csv(scan(fh, f.uri), shard_rows)
+    raise AssertionError("the lenient scan accepts every file it does not refuse")
+
+
+def _cut_csv(chunks: Iterator[np.ndarray], shard_rows: int) -> list[Span]:
+    """Shards from the byte offsets after each record (the header's first)."""
+    ranges: list[Span] = []
+    rows, start_off, end = 0, -1, 0
+    for ends in chunks:
+        if start_off < 0 and len(ends):  # the header
+            start_off, ends = int(ends[0]), ends[1:]
+        for k in range(rows // shard_rows + 1, (rows + len(ends)) // shard_rows + 1):
+            end = int(ends[k * shard_rows - rows - 1])
+            ranges.append(Span((k - 1) * shard_rows, k * shard_rows, start_off, end))
+            start_off = end
+        if len(ends):
+            rows, end = rows + len(ends), int(ends[-1])
+    if rows > len(ranges) * shard_rows:
+        ranges.append(Span(len(ranges) * shard_rows, rows, start_off, end))
+    return ranges
+
+
+class _LinesAreNotRecords(Exception):
+    """A quoted value holds a line break, or a quote stands where CSV does not allow one."""
+
+
+_COMMA, _QUOTE, _CR, _LF = 44, 34, 13, 10
+
+
+def _record_ends_plain(fh: Any, uri: str) -> Iterator[np.ndarray]:
+    """Byte offsets after the non-empty lines (CRLF or LF), a chunk at a time, for files
+    whose lines are their records: every quote opens or closes a field (or is doubled
+    inside one) and no line break falls between an opening and a closing quote. Raises
+    :class:`_LinesAreNotRecords` otherwise."""
+    base, carry, quotes = 0, b"", 0
+    while True:
+        chunk = fh.read(_CHUNK)
+        buf = carry + chunk
+        if not buf:
+            return
+        data = np.frombuffer(buf, dtype=np.uint8)
+        stops = np.flatnonzero(data == _LF) + 1
+        if not chunk and (not len(stops) or stops[-1] != len(buf)):  # last line without a line end
+            stops = np.append(stops, len(buf))
+        done = int(stops[-1]) if len(stops) else 0
+        cr = np.flatnonzero(data[:done] == _CR)
+        if len(cr) and ((cr + 1 >= len(data)) | (data[np.minimum(cr + 1, len(data) - 1)] != _LF)).any():
+            raise _LinesAreNotRecords  # (fine inside a quoted value: the csv module decides)
+        at = np.flatnonzero(data[:done] == _QUOTE)
+        if len(at):
+            prev = data[np.maximum(at - 1, 0)]
+            nxt = data[np.minimum(at + 1, len(buf) - 1)]
+            legal = (at == 0) | np.isin(prev, (_COMMA, _LF, _QUOTE)) | np.isin(nxt, (_COMMA, _CR, _LF, _QUOTE))
+            legal |= at + 1 == len(buf)
+            open_at_break = (quotes + np.searchsorted(at, stops - 1)) % 2 == 1
+            if not legal.all() or open_at_break.any():
+                raise _LinesAreNotRecords
+            quotes += len(at)
+        begins = np.concatenate(([0], stops[:-1]))
+        length = stops - begins
+        empty = (length == 1) | ((length == 2) & (data[np.minimum(begins, len(buf) - 1)] == _CR))
+        yield base + stops[~empty]
+        base, carry = base + done, buf[done:]
+        if not chunk:
+            return
+
+
+def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[np.ndarray]:
+    """Byte offsets after the non-empty records, quoting understood (csv module), in chunks.
+    A quote still open at the end of the file fails the file (it would swallow every
+    record after it); ``strict`` also refuses text after a closing quote (``"a"b``), so
+    the planner retries those files leniently, as pyarrow reads them."""
+    pos = last = 0
+    csv.field_size_limit(1 << 30)  # long texts are fine (the default stops at 128 KiB)
+
+    def lines() -> Iterator[str]:
+        nonlocal pos
+        for line in fh:
+            pos += len(line)
+            yield line.decode("utf-8", "surrogateescape")
+
+    ends: list[int] = []
+    try:
+        for record in csv.reader(lines(), strict=strict):
+            if record:
+                ends.append(pos)
+                if len(ends) == 65536:
+                    yield np.asarray(ends, dtype=np.int64)
+                    ends = []
+            last = pos
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            raise SourceError(
+                f"{uri}: the quoted value in the record at byte {last} is never closed; close the quote or remove "
+                "the file",
+                uri,
+            ) from None
+        if "new-line character" in str(exc):
+            raise SourceError(
+                f"{uri}: near byte {pos} a line ends with a lone carriage return (old Mac format); convert line "
+                "ends to \\n",
+                uri,
+            ) from None
+        if strict:
+            raise _LinesAreNotRecords from None
+        raise SourceError(f"{uri}: malformed CSV near byte {pos} ({exc}); fix or remove the file", uri) from exc
+    yield np.asarray(ends, dtype=np.int64)
+
+
+def _read_csv(
+    shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
+    """The shard's byte range parsed by pyarrow with the header's column names, the job's
+    column types asked of pyarrow directly; if a value does not fit them, the range is
+    parsed again with those columns as text, and :func:`read_shard` fails only the rows
+    whose values do not convert."""
+    names = _csv_header(shard.uri)
+    data = read_range(shard)
+    check_file_columns(shard.uri, pa.schema([(n, pa.string()) for n in names]), columns)
+    wanted = {c: t for c, t in types.items() if c in columns}
+    only = list(columns)  # the other columns are parsed (for field counts) but not converted
+    try:
+        convert = pacsv.ConvertOptions(column_types=wanted, include_columns=only)
+        batches = _parse_csv_range(shard, data, names, columns, convert, bad)
+    except pa.ArrowInvalid:
+        text = {c: pa.string() for c in wanted}
+        as_text = pacsv.ConvertOptions(column_types=text, strings_can_be_null=True, include_columns=only)
+        batches = _parse_csv_range(shard, data, names, columns, as_text, bad)
+    for batch in batches:
+        yield from slices(batch, batch_rows)
+
+
+def _parse_csv_range(
+    shard: Shard, data: bytes, names: list[str], columns: Sequence[str], convert: pacsv.ConvertOptions, bad: BadRow
+) -> list[pa.RecordBatch]:
+    """Every batch of the shard, numbered; ragged records go to ``bad`` with their numbers
+    and the others are numbered around them (pyarrow reports a block's ragged rows before
+    yielding it). Whole before anything is yielded, so a conversion error can start over."""
+    base = shard.base if shard.base is not None else shard.start
+    ragged = _RaggedRows(base)
+    opts = pacsv.ReadOptions(column_names=names, block_size=1 << 22, use_threads=False)
+    parse = pacsv.ParseOptions(invalid_row_handler=ragged)
+    reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse, convert_options=convert)
+    out = []
+    next_row = base
+    for batch in reader:
+        skipped = np.asarray([r for r in ragged.rows if r >= next_row], dtype=np.int64)
+        candidates = np.arange(next_row, next_row + batch.num_rows + len(skipped))
+        rows = candidates[~np.isin(candidates, skipped)][: batch.num_rows]
+        if batch.num_rows:
+            next_row = int(rows[-1]) + 1
+        first, keep = np.searchsorted(rows, [shard.start, shard.stop])
+        if keep > first:
+            out.append(numbered(batch.select(list(columns)).slice(first, keep - first), rows[first:keep]))
+        if keep < batch.num_rows:
+            break
+    for row in ragged.rows:  # once the parse has succeeded
+        if shard.start <= row < shard.stop:
+            bad(row, ragged.messages[row])
+    return out

@@ -1,0 +1,134 @@
+"""Input files: expand paths, directories and globs (any fsspec URI), fingerprint each file."""
+
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from ..errors import SourceError
+
+__all__ = ["InputFile", "filesystem", "list_inputs", "open_binary", "path_or_file", "read_range"]
+
+_HASH_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and its fingerprint (size, mtime or etag, hash of head and tail).
+
+    ``unreadable`` says why the file could not be opened (planning reports it and skips it).
+    """
+
+    uri: str
+    format: str
+    size: int
+    version: str
+    digest: str
+    unreadable: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.unreadable is None:
+            del data["unreadable"]  # the record of a readable file is what it was before the field existed
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputFile:
+        return cls(**data)
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def path_or_file(uri: str) -> Any:
+    """A local path as is (pyarrow reads it fastest), else an open binary file."""
+    fs, path = filesystem(uri)
+    if isinstance(fs, LocalFileSystem):
+        return path
+    return fs.open(path, "rb")
+
+
+def open_binary(uri: str) -> Any:
+    fs, path = filesystem(uri)
+    return fs.open(path, "rb")
+
+
+def read_range(shard: Any) -> bytes:
+    """The bytes of a line-format shard's planned range."""
+    assert shard.offset is not None and shard.end is not None
+    with open_binary(shard.uri) as fh:
+        fh.seek(shard.offset)
+        data: bytes = fh.read(shard.end - shard.offset)
+    return data
+
+
+def _qualify(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    if isinstance(fs, LocalFileSystem):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+def _is_data_file(path: str, extensions: Sequence[str]) -> bool:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return not name.startswith(("_", ".")) and any(name.lower().endswith(e) for e in extensions)
+
+
+def _expand(pattern: str, extensions: Sequence[str]) -> list[str]:
+    fs, path = filesystem(pattern)
+    if _glob.has_magic(path):
+        found = [p for p in fs.glob(path) if fs.isfile(p)]
+        if not found:
+            raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
+        return [_qualify(fs, p) for p in found]
+    if fs.isdir(path):
+        found = [p for p in fs.find(path) if _is_data_file(p, extensions)]
+        if not found:
+            raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file", pattern)
+        return [_qualify(fs, p) for p in found]
+    if fs.isfile(path):
+        return [_qualify(fs, path)]
+    raise SourceError(f"{pattern}: no such file or directory; check the path", pattern)
+
+
+def fingerprint(uri: str, fmt: str) -> InputFile:
+    fs, path = filesystem(uri)
+    info = fs.info(path)
+    size = int(info.get("size") or 0)
+    version = str(
+        info.get("ETag")
+        or info.get("etag")
+        or info.get("mtime")
+        or info.get("LastModified")
+        or info.get("created")
+        or ""
+    )
+    try:
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as f:
+            h.update(f.read(_HASH_BYTES))
+            if size > _HASH_BYTES:
+                f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
+                h.update(f.read(_HASH_BYTES))
+    except OSError as exc:  # planning reports it as a problem of this file; the job goes on with the others
+        why = str(exc.strerror or exc)
+        return InputFile(uri=uri, format=fmt, size=size, version=version, digest="", unreadable=why)
+    return InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
+
+
+def list_inputs(patterns: Sequence[str], declared_format: str = "auto") -> list[InputFile]:
+    """Expand paths, directories and globs into fingerprinted files, sorted, without duplicates."""
+    from .registry import EXTENSIONS, detect_format
+
+    uris: list[str] = []
+    for pattern in patterns:
+        uris.extend(_expand(pattern, list(EXTENSIONS)))
+    unique = sorted(set(uris))
+    return [fingerprint(u, detect_format(u, declared_format)) for u in unique]

@@ -1,0 +1,156 @@
+"""JSONL: one object per line; shards are ``shard_rows`` non-empty lines with their byte range,
+so reading one seeks straight to it. A line that is not a JSON object, lacks a column or
+holds a value of the wrong type is an error row, not a failed file."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from ..schema import fit_value
+from .base import BadRow, Shard, Span, check_file_columns, numbered
+from .files import InputFile, filesystem, open_binary, read_range
+
+__all__ = ["HEAD_BYTES", "JsonlFormat"]
+
+HEAD_BYTES = 1 << 20
+"""How much of a line-format file its head is (column names and types are settled from it)."""
+
+
+class JsonlFormat:
+    name = "jsonl"
+    extensions: tuple[str, ...] = (".jsonl", ".ndjson", ".json")
+
+    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+        fs, path = filesystem(f.uri)
+        spans: list[Span] = []
+        rows = start_row = 0
+        pos = start_off = 0
+        with fs.open(path, "rb") as fh:
+            for line in fh:
+                pos += len(line)
+                if line.strip():
+                    rows += 1
+                    if rows - start_row == shard_rows:
+                        spans.append(Span(start_row, rows, start_off, pos))
+                        start_row, start_off = rows, pos
+        if rows > start_row:
+            spans.append(Span(start_row, rows, start_off, pos))
+        return spans
+
+    def head_schema(self, f: InputFile) -> pa.Schema:
+        with open_binary(f.uri) as fh:
+            head = fh.read(HEAD_BYTES)
+            if fh.read(1):  # cut: keep whole lines
+                head = head[: head.rfind(b"\n") + 1]
+        objects = []
+        for line in head.split(b"\n"):
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line) if line.strip() else None
+                if isinstance(obj, dict):
+                    objects.append(obj)
+        names = list(dict.fromkeys(k for obj in objects for k in obj))
+        return pa.schema([(n, _json_type([obj.get(n) for obj in objects])) for n in names])
+
+    def read(
+        self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+    ) -> Iterator[pa.RecordBatch]:
+        return _read_jsonl(shard, columns, batch_rows, bad, types)
+
+
+def _json_type(values: list[Any]) -> pa.DataType:
+    """The type of a JSON field's values; when they are of mixed kinds, the most common
+    kind's (numbers count together), so the odd value out becomes an error row."""
+    try:
+        return pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        kinds = Counter("number" if isinstance(v, int | float) and not isinstance(v, bool) else type(v).__name__
+                        for v in values if v is not None)  # fmt: skip
+        major = kinds.most_common(1)[0][0]
+        if major == "number":
+            return pa.float64() if any(isinstance(v, float) for v in values) else pa.int64()
+        return pa.array([v for v in values if v is not None and type(v).__name__ == major]).type
+
+
+def _jsonl_slow(
+    shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow, types: Mapping[str, pa.DataType]
+) -> tuple[pa.Table, np.ndarray]:
+    """Line by line: invalid JSON, non-object lines and values of the wrong type (for the
+    column's type in this job; else the kind most of the shard's values have) become bad rows."""
+    base = shard.base if shard.base is not None else shard.start
+    good: list[dict[str, Any]] = []
+    rows: list[int] = []
+    n = base
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        row, n = n, n + 1
+        if not shard.start <= row < shard.stop:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            bad(row, f"invalid JSON ({exc})")
+            continue
+        if not isinstance(obj, dict):
+            bad(row, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        missing = [c for c in columns if c not in obj]
+        if missing:
+            bad(row, f"missing field {missing[0]!r}")
+            continue
+        good.append(obj)
+        rows.append(row)
+    arrays = []
+    keep = np.ones(len(good), dtype=bool)
+    for col in columns:
+        values = [g[col] for g in good]
+        if col in types:
+            for i, v in enumerate(values):
+                try:
+                    good[i][col] = fit_value(v, types[col])
+                except ValueError:
+                    if keep[i]:
+                        keep[i] = False
+                        bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {types[col]}")
+            continue
+        kinds = Counter(type(v).__name__ for v in values if v is not None)
+        if len(kinds) > 1 and not set(kinds) <= {"int", "float"}:
+            major = kinds.most_common(1)[0][0]
+            for i, v in enumerate(values):
+                if v is not None and type(v).__name__ != major and keep[i]:
+                    keep[i] = False
+                    bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {major}")
+    good = [g for g, k in zip(good, keep, strict=True) if k]
+    kept_rows = np.array(rows, dtype=np.int64)[keep]
+    for col in columns:
+        arrays.append(pa.array([g[col] for g in good], type=types.get(col)))
+    return pa.Table.from_arrays(arrays, names=list(columns)), kept_rows
+
+
+def _read_jsonl(
+    shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+) -> Iterator[pa.RecordBatch]:
+    data = read_range(shard)
+    try:
+        schema = pa.schema([(c, types[c]) for c in columns if c in types])
+        parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
+        table = pajson.read_json(io.BytesIO(data), parse_options=parse)
+        check_file_columns(shard.uri, table.schema, columns)
+    except pa.ArrowInvalid:
+        table, rows = _jsonl_slow(shard, data, columns, bad, types)
+        for b in table.to_batches(max_chunksize=batch_rows):
+            yield numbered(b, rows[: b.num_rows])
+            rows = rows[b.num_rows :]
+        return
+    skip = shard.start - (shard.base if shard.base is not None else shard.start)
+    table = table.select(list(columns)).slice(skip, shard.num_rows)
+    yield from table.to_batches(max_chunksize=batch_rows)

@@ -1,0 +1,69 @@
+"""Parquet: shards follow row-group boundaries; the head is the footer's schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import SourceError
+from .base import BadRow, Shard, Span, check_file_columns
+from .files import InputFile, path_or_file
+
+__all__ = ["ParquetFormat"]
+
+
+class ParquetFormat:
+    name = "parquet"
+    extensions: tuple[str, ...] = (".parquet", ".pq")
+
+    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+        try:
+            meta = pq.ParquetFile(path_or_file(f.uri)).metadata
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SourceError(f"{f.uri}: not a readable Parquet file ({exc}); rewrite or remove it", f.uri) from exc
+        spans: list[Span] = []
+        start = cur = 0
+        for rg in range(meta.num_row_groups):
+            n = meta.row_group(rg).num_rows
+            if cur > start and cur - start + n > shard_rows:
+                spans.append(Span(start, cur))
+                start = cur
+            cur += n
+            while cur - start > shard_rows:
+                spans.append(Span(start, start + shard_rows))
+                start += shard_rows
+        if cur > start:
+            spans.append(Span(start, cur))
+        return spans
+
+    def head_schema(self, f: InputFile) -> pa.Schema:
+        return pq.read_schema(path_or_file(f.uri))
+
+    def read(
+        self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+    ) -> Iterator[pa.RecordBatch]:
+        pf = pq.ParquetFile(path_or_file(shard.uri))
+        check_file_columns(shard.uri, pf.schema_arrow, columns)
+        meta = pf.metadata
+        groups: list[int] = []
+        first = cur = 0
+        for rg in range(meta.num_row_groups):
+            n = meta.row_group(rg).num_rows
+            if cur + n > shard.start and cur < shard.stop:
+                if not groups:
+                    first = cur
+                groups.append(rg)
+            cur += n
+        skip, remaining = shard.start - first, shard.num_rows
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            batch = batch.slice(skip, remaining)
+            skip = 0
+            remaining -= batch.num_rows
+            yield batch
+            if remaining <= 0:
+                return

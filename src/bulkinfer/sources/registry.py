@@ -1,0 +1,30 @@
+"""The one table of input formats. A new format is a module implementing
+:class:`~.base.Format` and one line here."""
+
+from __future__ import annotations
+
+from ..errors import SourceError
+from .base import Format
+from .csv import CsvFormat
+from .jsonl import JsonlFormat
+from .parquet import ParquetFormat
+
+__all__ = ["EXTENSIONS", "FORMATS", "detect_format", "get_format"]
+
+FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), CsvFormat(), JsonlFormat())}
+
+EXTENSIONS: dict[str, str] = {ext: f.name for f in FORMATS.values() for ext in f.extensions}
+
+
+def get_format(name: str) -> Format:
+    return FORMATS[name]
+
+
+def detect_format(uri: str, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    lower = uri.lower()
+    for ext, fmt in EXTENSIONS.items():
+        if lower.endswith(ext):
+            return fmt
+    raise SourceError(f"{uri}: cannot tell the format from the extension; set source.format", uri)

@@ -1,0 +1,88 @@
+"""Cut files into shards and read a shard back as numbered Arrow batches.
+
+Planning is deterministic: files sorted by URI, each cut by its format's planner. Rows are
+numbered by record (empty lines do not count); a row that cannot be parsed or whose value
+does not fit its column's type is reported to ``on_bad_row``, not a failed file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SourceError
+from ..schema import convert_rows
+from .base import ROW, BadRow, Shard, numbered
+from .files import InputFile
+from .registry import get_format
+
+__all__ = ["plan_shards", "read_shard"]
+
+
+def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[SourceError] | None = None) -> list[Shard]:
+    """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once.
+
+    A file that cannot be planned (unreadable, truncated, not the format it claims) raises
+    :class:`SourceError`, or, when ``problems`` is a list, is skipped and its error appended.
+    Empty files have no shards.
+    """
+    shards: list[Shard] = []
+    for f in files:
+        if f.size == 0:
+            continue
+        try:
+            if f.unreadable is not None:
+                raise SourceError(f"{f.uri}: cannot read the file ({f.unreadable}); check its permissions", f.uri)
+            spans = get_format(f.format).plan(f, shard_rows)
+        except (SourceError, OSError) as exc:
+            err = exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})", f.uri)
+            if problems is None:
+                raise err from exc
+            problems.append(err)
+            continue
+        for span in spans:
+            base = span.start if span.offset is not None else None
+            shards.append(Shard(len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base))
+    return shards
+
+
+def read_shard(
+    shard: Shard,
+    columns: Sequence[str],
+    batch_rows: int = 4096,
+    on_bad_row: BadRow | None = None,
+    types: Mapping[str, pa.DataType] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the shard's rows, in order, as record batches of ``columns`` plus :data:`ROW`,
+    each column of ``types`` converted to its type there.
+
+    Rows that cannot be parsed (a JSONL line, a ragged CSV record) or whose value does not
+    fit the column's type are skipped and reported to ``on_bad_row(row, message)``; without
+    it they raise :class:`SourceError`.
+    """
+    types = types or {}
+
+    def bad(row: int, message: str) -> None:
+        if on_bad_row is None:
+            raise SourceError(f"{shard.uri}: row {row}: {message}", shard.uri)
+        on_bad_row(row, message)
+
+    next_row = shard.start
+    try:
+        for batch in get_format(shard.format).read(shard, columns, batch_rows, bad, types):
+            if ROW not in batch.schema.names:
+                batch = numbered(batch, np.arange(next_row, next_row + batch.num_rows))
+            if batch.num_rows:
+                next_row = int(batch.column(ROW)[-1].as_py()) + 1
+            if any(c in types and batch.schema.field(c).type != types[c] for c in columns):
+                table, _rows = convert_rows(pa.Table.from_batches([batch]), types, batch.column(ROW).to_numpy(), bad)
+                if not table.num_rows:
+                    continue
+                batch = table.combine_chunks().to_batches()[0]
+            yield batch
+    except FileNotFoundError as exc:
+        raise SourceError(f"{shard.uri}: the file disappeared after planning; restore it and rerun", shard.uri) from exc
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{shard.uri}: cannot read rows {shard.start}-{shard.stop} ({exc})", shard.uri) from exc

@@ -1,0 +1,50 @@
+"""Columns and their types across files: the needed columns must be there, and each gets
+one type (see :mod:`bulkinfer.schema`) read from the files' heads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from ..errors import SourceError
+from ..schema import unify
+from .files import InputFile
+from .registry import get_format
+
+__all__ = ["check_columns", "head_schema", "settle_types"]
+
+
+def head_schema(f: InputFile) -> pa.Schema:
+    """The columns a file starts with and their types, read cheaply: Parquet's footer, the
+    first MiB of a CSV as pyarrow infers it, the first MiB of JSONL lines. Empty when the
+    file cannot be read (planning reports that)."""
+    if f.unreadable is not None:
+        return pa.schema([])
+    try:
+        return get_format(f.format).head_schema(f)
+    except (pa.ArrowInvalid, OSError, ValueError, SourceError):
+        return pa.schema([])
+
+
+def check_columns(heads: Mapping[str, pa.Schema], columns: Sequence[str]) -> None:
+    """Refuse up front when a needed column is in none of the files' heads (``{uri:
+    head_schema}``): a config mistake, not bad data."""
+    for col in columns:
+        if heads and not any(col in schema.names for schema in heads.values()):
+            example: list[str] = next((schema.names for schema in heads.values() if schema.names), [])
+            raise SourceError(
+                f"column {col!r} not found in any of the {len(heads)} input file(s); "
+                f"they have {', '.join(example) or 'no readable columns'}"
+            )
+
+
+def settle_types(heads: Iterable[pa.Schema], columns: Sequence[str]) -> dict[str, pa.DataType]:
+    """Each column's one type across the files whose heads are given (see :mod:`.schema`)."""
+    schemas = list(heads)
+    types = {}
+    for col in columns:
+        t = unify(schema.field(col).type for schema in schemas if col in schema.names)
+        if t is not None:
+            types[col] = t
+    return types
