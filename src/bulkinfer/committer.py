@@ -7,19 +7,25 @@ hidden name and published; only the ledger line, appended last, makes them count
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .errors import ErrorBudgetExceeded
+from .faults import crash_point
 from .ledger import ERRORS, Commit, Ledger
 from .records import decode_records
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .config import JobConfig
     from .records import ShardOutput
     from .report import RunStats
     from .sinks import FileSink, StagedOutput
+    from .sinks.base import Published
+    from .sinks.exports import ExportTarget
     from .sources import Shard
 
 __all__ = [
@@ -48,6 +54,18 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
     return todo
 
 
+def export(targets: list[ExportTarget], published: Published, table: pa.Table | None, stats: RunStats) -> None:
+    """The part's rows to every export target (before the ledger line: a crash means a replay)."""
+    if not targets or published.part is None:
+        return
+    if table is None:
+        raise AssertionError("export targets need the part's rows: the runner must hand them over")
+    for target in targets:
+        t0 = time.perf_counter()
+        target.write(published.part.name, table)
+        stats.add_export(target.name, table.num_rows, time.perf_counter() - t0)
+
+
 @dataclass
 class Committer:
     """Commits shard outputs for one run; raises once the error budget is spent."""
@@ -58,6 +76,7 @@ class Committer:
     stats: RunStats
     planned_starts: dict[int, int]
     failed_before: int
+    exports: list[ExportTarget] = field(default_factory=list)
     on_commit: Callable[[], None] = lambda: None
     first_error: str | None = None
 
@@ -68,7 +87,7 @@ class Committer:
         return by_rate if ex.max_errors is None else min(by_rate, ex.max_errors)
 
     def __call__(self, out: ShardOutput) -> None:
-        self.publish(self.sink.stage(out, self.name_start(out.shard)))
+        self.publish(self.sink.stage(out, self.name_start(out.shard)), out.table)
 
     def name_start(self, shard: Shard) -> int | None:
         """The row that names ``shard``'s files: None for a whole planned shard, its start for a tail."""
@@ -78,12 +97,15 @@ class Committer:
         """Drop an attempt that will not be committed (another attempt committed its rows)."""
         self.sink.discard(staged)
 
-    def publish(self, staged: StagedOutput) -> None:
-        """Publish the staged files, then append the ledger line that makes them count."""
+    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
+        """Publish the staged files, write ``table`` (the part's rows) to the export targets,
+        then append the ledger line that makes them count."""
         shard = staged.shard
         if staged.first_error and self.first_error is None:
             self.first_error = staged.first_error
         published = self.sink.publish(staged)
+        export(self.exports, published, table, self.stats)
+        crash_point("exported")
         part = published.part
         self.ledger.commit(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file)
         rows_out = part.rows if part else 0
@@ -135,13 +157,14 @@ class RetryCommitter:
     sink: FileSink
     stats: RunStats
     unit: RetryUnit
+    exports: list[ExportTarget] = field(default_factory=list)
     on_commit: Callable[[], None] = lambda: None
 
     def __call__(self, out: ShardOutput) -> None:
         old = self.unit.commit.error_file
         assert old is not None
         base, _, n = old.removesuffix(".jsonl").partition(".retry-")
-        self.publish(self.sink.stage(out, None, name=f"{base}.retry-{int(n or 0) + 1}"))
+        self.publish(self.sink.stage(out, None, name=f"{base}.retry-{int(n or 0) + 1}"), out.table)
 
     def name_start(self, shard: Shard) -> int | None:
         return None  # retry parts are named after the error file they supersede
@@ -149,11 +172,12 @@ class RetryCommitter:
     def discard(self, staged: StagedOutput) -> None:
         self.sink.discard(staged)
 
-    def publish(self, staged: StagedOutput) -> None:
-        """Publish the retried rows, then the ledger line that supersedes the old error file."""
+    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
+        """Publish the retried rows (and export them), then the ledger line that supersedes the old error file."""
         old = self.unit.commit.error_file
         assert old is not None
         published = self.sink.publish(staged)
+        export(self.exports, published, table, self.stats)
         c = self.unit.commit
         failed = staged.failed
         self.ledger.commit(c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old)

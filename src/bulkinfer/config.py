@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -19,8 +19,11 @@ from .errors import ConfigError
 __all__ = [
     "CostConfig",
     "ExecutionConfig",
+    "ExportConfig",
     "JobConfig",
     "ModelConfig",
+    "PostgresExport",
+    "RedisExport",
     "RuntimeConfig",
     "SinkConfig",
     "SourceConfig",
@@ -196,6 +199,43 @@ class ServeConfig(_Section):
     """Output directory of a finished Parquet run: GET /v1/results/{id} answers from it."""
 
 
+class RedisExport(_Section):
+    kind: Literal["redis"] = "redis"
+    url: str = "redis://127.0.0.1:6379/0"
+    """Redis to write to (redis://[:password@]host:port/db, rediss:// for TLS)."""
+    key: str = "bulkinfer:{id}"
+    """Key of each row: text and {column} placeholders (output or kept input columns)."""
+    columns: list[str] = Field(default_factory=list)
+    """Output columns to store (default: every model output column)."""
+    encoding: Literal["auto", "float32", "json", "hash"] = "auto"
+    """auto: one vector column as float32 bytes, one scalar as text, several as a hash; json: one JSON object."""
+    ttl_s: int | None = Field(default=None, ge=1)
+    """Expire each key this many seconds after it is written (None: never)."""
+    versioned: bool = True
+    """Write under the run's own version and switch '<prefix>current' to it when the job completes."""
+    keep_versions: int = Field(default=2, ge=1)
+    """Published versions kept (the current one included); older ones are deleted after a switch."""
+    batch_rows: int = Field(default=2000, ge=1)
+    """Rows per pipelined round trip."""
+
+
+class PostgresExport(_Section):
+    kind: Literal["postgres"] = "postgres"
+    dsn: str = ""
+    """Connection string (postgresql://user:pass@host:port/db)."""
+    table: str = "bulkinfer_results"
+    """Table to write (schema.table allowed); created when missing."""
+    mode: Literal["upsert", "append"] = "upsert"
+    """upsert: one row per id (the id column is the primary key); append: rows are added."""
+    columns: list[str] = Field(default_factory=list)
+    """Output columns to store besides the kept input columns (default: every model output column)."""
+    vector: Literal["auto", "pgvector", "array"] = "auto"
+    """Embeddings as pgvector vector(n) (auto: when the extension can be used) or real[]."""
+
+
+ExportConfig = Annotated[Union[RedisExport, PostgresExport], Field(discriminator="kind")]  # noqa: UP007
+
+
 class JobConfig(_Section):
     source: SourceConfig = Field(default_factory=SourceConfig)
     """Where the rows come from."""
@@ -211,6 +251,8 @@ class JobConfig(_Section):
     """Cost accounting."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
+    export: list[ExportConfig] = Field(default_factory=list)
+    """Export targets written with each shard before its commit ([[export]] tables: kind = redis | postgres)."""
 
     @property
     def passthrough_columns(self) -> list[str]:
@@ -298,6 +340,14 @@ def load_config(
 def field_docs() -> Iterator[tuple[str, str, str]]:
     """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
     for section, info in JobConfig.model_fields.items():
+        if section == "export":
+            for target in (RedisExport, PostgresExport):
+                for name, field in target.model_fields.items():
+                    if name != "kind":
+                        doc = " ".join((field.description or "").split())
+                        kind = target.model_fields["kind"].default
+                        yield f"export.{name}", repr(field.get_default(call_default_factory=True)), f"({kind}) {doc}"
+            continue
         model = info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
         for name, field in model.model_fields.items():

@@ -3,7 +3,9 @@
 ``BULKINFER_CRASH_AT=point[:n]`` makes the process SIGKILL itself the n-th time (default
 1st) it reaches ``point``. Unset (always, outside tests) it costs one dict lookup.
 Points: ``part-temp-written`` (temp file fsynced, not yet renamed), ``part-renamed``
-(renamed, ledger line not yet appended), ``success-temp-written`` (``_SUCCESS`` temp
+(renamed, not yet exported), ``exported`` (export targets written, ledger line not yet
+appended), ``export-postgres-copied`` (rows copied, the transaction not yet committed),
+``success-temp-written`` (``_SUCCESS`` temp
 written, not yet renamed).
 """
 

@@ -33,6 +33,7 @@ from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
 from .runners import make_runner
 from .sinks import FileSink, make_sink
+from .sinks.exports import ExportTarget, make_exports
 from .sources import Shard
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
@@ -88,10 +89,16 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         draft = make_plan(job.cfg, job.model, job.adapter, ledger.read_plan(), retry_errors=retry_errors)
         plan = ledger.begin(draft, job.cfg.execution.overwrite)
         stats, committed = resume(job.cfg, ledger, plan)
+        exports = make_exports(job.cfg)
         # execute
         status, done = "complete", False
         try:
-            done = execute(job, plan, ledger, sink, stats, committed, stop, retry_errors=retry_errors)
+            for target in exports:  # a target that is down is one line before any inference
+                target.start(plan, job.cfg.passthrough_columns)
+            done = execute(job, plan, ledger, sink, stats, committed, stop, exports, retry_errors=retry_errors)
+            if done:
+                for target in exports:
+                    target.complete()
         except Interrupted:
             status = "interrupted"
             raise
@@ -99,6 +106,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             status = "failed"
             raise
         finally:  # report, whatever happened
+            for target in exports:
+                target.close()
             sink.complete() if status == "complete" else sink.failed()
             stats.finished = stats.finished or time.perf_counter()
             engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
@@ -146,6 +155,7 @@ def execute(
     stats: RunStats,
     committed: list[Any],
     stop: threading.Event,
+    exports: list[ExportTarget] | None = None,
     *,
     retry_errors: bool = False,
 ) -> bool:
@@ -154,13 +164,14 @@ def execute(
     src = job.cfg.source.model_copy(update={"column_types": plan.column_types or {}})
     cfg = job.cfg.model_copy(update={"source": src})
     failed_before = failed_rows(committed) + len(plan.input_errors)
-    committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before=failed_before)
+    exports = exports or []
+    committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports)
     backend = cfg.execution.backend
     if retry_errors:
         units = retry_units(ledger, plan.shards, committed)
         log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
         stats.rows_planned = stats.rows_already_done = 0
-        passes: list[Pass] = [([u.shard], RetryCommitter(ledger, sink, stats, u), u.rows) for u in units]
+        passes: list[Pass] = [([u.shard], RetryCommitter(ledger, sink, stats, u, exports), u.rows) for u in units]
         backend = "local"  # the rows of a few error files: not worth a cluster
     elif committer.failed_before > committer.budget:
         raise ErrorBudgetExceeded(

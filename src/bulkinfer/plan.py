@@ -102,7 +102,10 @@ class JobPlan:
 
 def job_identity(cfg: JobConfig) -> dict[str, Any]:
     dumped = cfg.model_dump(mode="json")
-    return {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
+    identity = {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
+    if dumped["export"]:  # where earlier shards were exported (absent: the identity of jobs without exports)
+        identity["export"] = dumped["export"]
+    return identity
 
 
 def _fingerprint(identity: dict[str, Any], model_digest: str, inputs: list[InputFile]) -> str:

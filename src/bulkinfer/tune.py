@@ -206,6 +206,8 @@ def to_toml(cfg: JobConfig, header: str = "") -> str:
     """The config as TOML, one section per concern (fields left at None are omitted)."""
     lines = [f"# {line}" for line in header.splitlines()]
     for section, values in cfg.model_dump(mode="json").items():
-        lines.append(f"\n[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None)
+        tables = values if isinstance(values, list) else [values]  # [[export]] is an array of tables
+        for table in tables:
+            lines.append(f"\n[[{section}]]" if isinstance(values, list) else f"\n[{section}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -213,3 +213,25 @@ def test_unreachable_cluster_address_is_one_line(tmp_path):
         "bulkinfer: error: execution.ray_address '127.0.0.1:1': nothing answers there (Connection refused); "
         "start the cluster (ray start --head) or fix the address"
     ]
+
+
+def test_ray_results_reach_export_targets_from_the_driver(tmp_path, local_ray, user_module, redis_server):
+    t = pa.table({"id": np.arange(300), "x": np.arange(300), "slow": np.zeros(300, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet")
+    prefix = f"ray{uuid.uuid4().hex[:6]}:"
+    cfg = _cfg(
+        tmp_path / "out",
+        [tmp_path / "in.parquet"],
+        **{
+            "model.name": f"{user_module}:slow_on_flag",
+            "model.feature_columns": ["x", "slow"],
+            "source.shard_rows": 100,
+            "execution.backend": "ray",
+            "export": [{"kind": "redis", "url": redis_server.url, "key": prefix + "{id}"}],
+        },
+    )
+    result = run_job(cfg)
+    r = redis_server.client()
+    version = r.get(prefix + "current").decode()
+    assert {int(r.get(f"{prefix}{version}:{i}")) for i in range(300)} == {2 * i for i in range(300)}
+    assert next(iter(result.report["exports"].values()))["rows"] == 300

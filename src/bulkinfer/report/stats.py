@@ -42,6 +42,7 @@ class RunStats:
     batch_sizes: Counter[int] = field(default_factory=Counter)
     quality: dict[str, Any] | None = None
     backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
+    exports: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> rows, seconds
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -63,6 +64,12 @@ class RunStats:
             self.rows_out += rows_out
             self.rows_failed += failed
             self.shards_committed += shards
+
+    def add_export(self, target: str, rows: int, seconds: float) -> None:
+        with self._lock:
+            figures = self.exports.setdefault(target, {"rows": 0, "seconds": 0.0})
+            figures["rows"] += rows
+            figures["seconds"] += seconds
 
     def worker_figures(self) -> dict[str, Any]:
         """The counters a Ray worker measures, to be merged into the driver's with :meth:`merge`."""
@@ -132,6 +139,20 @@ class RunStats:
             },
             "quality": self.quality,
             **({"backend": self.backend} if self.backend else {}),
+            **(
+                {
+                    "exports": {
+                        name: {
+                            "rows": int(f["rows"]),
+                            "seconds": round(f["seconds"], 3),
+                            "share": round(f["seconds"] / wall, 4),
+                        }
+                        for name, f in self.exports.items()
+                    }
+                }
+                if self.exports
+                else {}
+            ),
             "cost": {
                 "instance_price_per_hour": price_per_hour,
                 "currency": currency,

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 from ..records import ShardOutput
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from ..sinks import StagedOutput
     from ..sources import Shard
 
@@ -42,8 +44,8 @@ class Committing(Protocol):
         """The row that names ``shard``'s files (None: a whole planned shard)."""
         ...
 
-    def publish(self, staged: StagedOutput) -> None:
-        """Commit a shard another process staged."""
+    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
+        """Commit a shard another process staged (``table``: its rows, for export targets)."""
         ...
 
     def discard(self, staged: StagedOutput) -> None:

@@ -40,7 +40,7 @@ from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
-from .base import Committing
+from .base import Committing, ShardOutput
 
 __all__ = ["RayRunner"]
 
@@ -74,6 +74,7 @@ class Worker:
         self.cfg = JobConfig.model_validate(cfg_json)
         self.sink = make_sink(self.cfg)
         self.runner: Any = None
+        self.last_table: Any = None
         self.error: BaseException | None = None
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
@@ -95,10 +96,16 @@ class Worker:
         staged: list[StagedOutput] = []
         self.runner = runner
         try:
-            runner.run([shard], lambda out: staged.append(self.sink.stage(out, name_start, tag)))
+
+            def stage(out: ShardOutput) -> None:
+                self.last_table = out.table
+                staged.append(self.sink.stage(out, name_start, tag))
+
+            runner.run([shard], stage)
         finally:
             self.runner = None
-        return {"staged": staged[0], "figures": stats.worker_figures()}
+        table = self.last_table if self.cfg.export else None  # export targets are written by the driver
+        return {"staged": staged[0], "table": table, "figures": stats.worker_figures()}
 
     def progress(self) -> dict[int, int]:
         runner = self.runner
@@ -339,7 +346,7 @@ class RayRunner:
                 shard.index,
             )
             return
-        commit.publish(staged)
+        commit.publish(staged, result["table"])
         self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
         self.rows_left -= shard.num_rows
         self.stats.merge(result["figures"])

@@ -1,0 +1,115 @@
+"""Export targets: systems that get each shard's rows besides the output folder (Redis,
+PostgreSQL). A target is written for a shard *before* the shard's ledger line, so a crash
+between the two only means the shard is exported again; every target's write is
+idempotent (Redis ``SET`` of the same key, a PostgreSQL transaction that records the part
+it wrote), so the replay changes nothing.
+
+::
+
+    start(plan, kept)     connect and check, before any inference: a target that is down is one line
+    write(part, table)    the rows of one committed part (``part`` names the commit range)
+    complete()            the job is complete: switch what readers see (Redis' version pointer)
+    close()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import OutputError
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
+    from ..plan import JobPlan
+
+__all__ = ["ExportTarget", "make_exports", "retrying", "value_columns", "vectors"]
+
+log = logging.getLogger("bulkinfer")
+
+T = TypeVar("T")
+
+
+class ExportTarget(Protocol):
+    name: str
+
+    def start(self, plan: JobPlan, kept: Sequence[str]) -> None: ...
+
+    def write(self, part: str, table: pa.Table) -> None: ...
+
+    def complete(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_exports(cfg: JobConfig) -> list[ExportTarget]:
+    targets: list[ExportTarget] = []
+    for i, spec in enumerate(cfg.export):
+        if spec.kind == "redis":
+            from .redis import RedisTarget
+
+            targets.append(RedisTarget(spec, f"export[{i}]"))
+        else:
+            from .postgres import PostgresTarget
+
+            targets.append(PostgresTarget(spec, f"export[{i}]"))
+    return targets
+
+
+def retrying(
+    fn: Callable[[], T],
+    what: str,
+    transient: tuple[type[BaseException], ...],
+    *,
+    attempts: int = 6,
+    base_s: float = 0.2,
+    cap_s: float = 5.0,
+    on_retry: Callable[[], None] = lambda: None,
+) -> T:
+    """``fn()``, tried again with exponential backoff while it raises a ``transient`` error;
+    after ``attempts`` tries, one :class:`OutputError` naming ``what`` and the last error."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except transient as exc:
+            if attempt == attempts:
+                raise OutputError(
+                    f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (after {attempts} tries); "
+                    "committed shards are kept, rerun to resume once it is back"
+                ) from exc
+            delay = min(cap_s, base_s * 2 ** (attempt - 1))
+            log.warning("%s: %s; retrying in %.1f s (%d/%d)", what, type(exc).__name__, delay, attempt, attempts)
+            time.sleep(delay)
+            on_retry()
+    raise AssertionError("unreachable")
+
+
+def value_columns(table: pa.Table, chosen: Sequence[str], kept: Sequence[str], where: str) -> list[str]:
+    """The columns a target stores: ``chosen``, else every model output column (not a kept input)."""
+    if chosen:
+        missing = [c for c in chosen if c not in table.column_names]
+        if missing:
+            raise OutputError(
+                f"{where}.columns: {missing[0]!r} is not an output column (there are {', '.join(table.column_names)})"
+            )
+        return list(chosen)
+    return [c for c in table.column_names if c not in kept]
+
+
+def is_vector(col: pa.ChunkedArray | pa.Array) -> bool:
+    t = col.type
+    return (pa.types.is_fixed_size_list(t) or pa.types.is_list(t)) and pa.types.is_floating(t.value_type)
+
+
+def vectors(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A vector column as a float32 matrix (one row per value)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_fixed_size_list(arr.type):
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(len(arr), arr.type.list_size).astype(np.float32, copy=False)
+    return np.asarray(arr.to_pylist(), dtype=np.float32)

@@ -1,0 +1,204 @@
+"""Redis export: each row under a key made from its kept columns (``emb:{id}``), written by
+pipelined batches; vectors as float32 bytes, several columns as a hash, or JSON.
+
+Versioned publish (default): a run writes ``emb:<version>:<id>`` and, when the job
+completes, one ``MULTI``/``EXEC`` sets ``emb:current`` to its version (and records it in
+``emb:versions``), so a reader that resolves ``emb:current`` first sees the whole old
+snapshot or the whole new one, never a mix. The version is the job's fingerprint: a
+resumed run writes where the killed one did. Published versions beyond
+``keep_versions`` are deleted after the switch.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+
+from ..errors import ConfigError, OutputError
+from .exports import is_vector, retrying, value_columns, vectors
+
+if TYPE_CHECKING:
+    from ..config import RedisExport
+    from ..plan import JobPlan
+
+__all__ = ["RedisTarget", "parse_key"]
+
+
+def parse_key(template: str, where: str) -> tuple[str, list[tuple[str, str | None]]]:
+    """The literal prefix of a key template and its pieces (text, column or None)."""
+    try:
+        pieces = [(text, field) for text, field, _spec, _conv in string.Formatter().parse(template)]
+    except ValueError as exc:
+        raise ConfigError(f"{where}.key: {template!r} is not a key template ({exc})") from exc
+    if any(f == "" for _t, f in pieces):
+        raise ConfigError(f"{where}.key: {template!r}: name the column inside {{}}, e.g. emb:{{id}}")
+    prefix = pieces[0][0] if pieces else ""
+    return prefix, pieces
+
+
+class RedisTarget:
+    def __init__(self, spec: RedisExport, where: str) -> None:
+        self.spec = spec
+        self.where = where
+        self.name = f"{where} (redis {_redact(spec.url)})"
+        self.prefix, self.pieces = parse_key(spec.key, where)
+        if spec.versioned and not self.prefix:
+            raise ConfigError(
+                f"{where}.key: {spec.key!r} must start with literal text (e.g. 'emb:{{id}}') when versioned: "
+                "the version and the 'current' pointer live under it"
+            )
+        self.client: Any = None
+        self.version = ""
+        self.kept: list[str] = []
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self, plan: JobPlan, kept: Sequence[str]) -> None:
+        try:
+            import redis
+            from redis.backoff import ExponentialBackoff
+            from redis.retry import Retry
+        except ImportError as exc:
+            raise ConfigError(f"{self.where}: the redis export needs redis-py: pip install 'bulkinfer[redis]'") from exc
+
+        self.kept = list(kept)
+        for _text, col in self.pieces:
+            if col is not None and col not in kept:
+                raise ConfigError(
+                    f"{self.where}.key: {{{col}}} is not a kept input column ({', '.join(kept) or 'none kept'}); "
+                    "set source.id_column or add it to sink.keep_columns"
+                )
+        self.version = plan.fingerprint[:16]
+        self._errors = (redis.ConnectionError, redis.TimeoutError, ConnectionResetError)
+        self._refused = redis.RedisError
+        self.client = redis.Redis.from_url(
+            self.spec.url,
+            socket_connect_timeout=5,
+            socket_timeout=30,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),  # a blip; exports.retrying does the rest
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError],
+        )
+        try:
+            self.client.ping()
+        except (*self._errors, redis.ResponseError) as exc:
+            raise OutputError(f"{self.name}: cannot reach it ({exc}); start it or fix the url") from exc
+
+    def write(self, part: str, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        keys = self._keys(table)
+        cols = value_columns(table, self.spec.columns, self.kept, self.where)
+        values = self._values(table, cols)
+        step = self.spec.batch_rows
+        for lo in range(0, len(keys), step):
+            chunk = range(lo, min(lo + step, len(keys)))
+
+            def send(chunk: range = chunk) -> None:
+                self._send(keys, values, chunk)
+
+            try:
+                retrying(send, f"{self.name}: writing {part}", self._errors)
+            except self._refused as exc:  # e.g. OOM (maxmemory), WRONGTYPE, NOPERM
+                raise OutputError(f"{self.name}: writing {part}: {exc}") from exc
+
+    def complete(self) -> None:
+        if not self.spec.versioned or self.client is None:
+            return
+        retrying(self._switch, f"{self.name}: switching {self.prefix}current", self._errors)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    # -- keys and values --------------------------------------------------------------
+    def _keys(self, table: pa.Table) -> list[str]:
+        n = table.num_rows
+        parts: list[list[str]] = []
+        for i, (text, col) in enumerate(self.pieces):
+            if self.spec.versioned and i == 0:
+                text = f"{text}{self.version}:"
+            if text:
+                parts.append([text] * n)
+            if col is not None:
+                parts.append([str(v) for v in table.column(col).to_pylist()])
+        return ["".join(p) for p in zip(*parts, strict=True)]
+
+    def _values(self, table: pa.Table, cols: list[str]) -> list[Any]:
+        enc: str = self.spec.encoding
+        if enc == "auto":
+            enc = "hash" if len(cols) > 1 else ("float32" if is_vector(table.column(cols[0])) else "text")
+        if enc in ("float32", "text") and len(cols) != 1:
+            raise OutputError(f"{self.where}.encoding: {enc} stores one column; {len(cols)} chosen ({', '.join(cols)})")
+        if enc == "float32":
+            col = table.column(cols[0])
+            if not is_vector(col):
+                raise OutputError(f"{self.where}.encoding: float32 needs a vector column; {cols[0]!r} is {col.type}")
+            return [row.tobytes() for row in vectors(col)]
+        if enc == "text":
+            return [_scalar(v) for v in table.column(cols[0]).to_pylist()]
+        if enc == "json":
+            rows = table.select(cols).to_pylist()
+            return [orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) for r in rows]
+        fields = {}
+        for c in cols:
+            col = table.column(c)
+            fields[c] = [r.tobytes() for r in vectors(col)] if is_vector(col) else [_scalar(v) for v in col.to_pylist()]
+        return [{c: fields[c][i] for c in cols} for i in range(table.num_rows)]
+
+    def _send(self, keys: list[str], values: list[Any], rows: range) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        ttl = self.spec.ttl_s
+        for i in rows:
+            value = values[i]
+            if isinstance(value, dict):
+                pipe.delete(keys[i])
+                pipe.hset(keys[i], mapping=value)
+                if ttl:
+                    pipe.expire(keys[i], ttl)
+            else:
+                pipe.set(keys[i], value, ex=ttl)
+        pipe.execute()
+
+    # -- versions ---------------------------------------------------------------------
+    def _switch(self) -> None:
+        pointer, versions = f"{self.prefix}current", f"{self.prefix}versions"
+        with self.client.pipeline(transaction=True) as pipe:  # MULTI ... EXEC
+            pipe.set(pointer, self.version)
+            pipe.zadd(versions, {self.version: time.time()})
+            pipe.execute()
+        published = [v.decode() for v in self.client.zrevrange(versions, 0, -1)]
+        for old in published[self.spec.keep_versions :]:
+            match = f"{self.prefix}{old}:*"
+            batch: list[bytes] = []
+            for key in self.client.scan_iter(match=match, count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    self.client.unlink(*batch)
+                    batch = []
+            if batch:
+                self.client.unlink(*batch)
+            self.client.zrem(versions, old)
+
+
+def _scalar(value: Any) -> str | bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str | bytes):
+        return value
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return orjson.dumps(value)
+
+
+def _redact(url: str) -> str:
+    """The url without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
