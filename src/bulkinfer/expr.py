@@ -351,8 +351,9 @@ def mask(node: Expr, table: pa.Table, where: str = "expression") -> pa.Array:
 def _is_in(value: Any, values: pa.Array, negated: bool) -> Any:
     if pa.types.is_null(value.type):
         return pc.cast(value, pa.bool_())
-    if _numeric(value.type) and _numeric(values.type):
-        value, values = pc.cast(value, pa.float64()), pc.cast(values, pa.float64())
+    if _numeric(value.type) and _numeric(values.type):  # as doubles, -0.0 as 0.0 (they are equal)
+        value = pc.add(pc.cast(value, pa.float64()), 0.0)
+        values = pc.add(pc.cast(values, pa.float64()), 0.0)
     elif value.type != values.type:
         raise pa.ArrowTypeError(f"cannot look for {values.type} values in {value.type}")
     found = pc.is_in(value, value_set=values)
