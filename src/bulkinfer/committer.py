@@ -54,16 +54,21 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
     return todo
 
 
-def export(targets: list[ExportTarget], published: Published, table: pa.Table | None, stats: RunStats) -> None:
-    """The part's rows to every export target (before the ledger line: a crash means a replay)."""
-    if not targets or published.part is None:
-        return
-    if table is None:
-        raise AssertionError("export targets need the part's rows: the runner must hand them over")
-    for target in targets:
-        t0 = time.perf_counter()
-        target.write(published.part.name, table)
-        stats.add_export(target.name, table.num_rows, time.perf_counter() - t0)
+def publish_and_export(
+    sink: FileSink, targets: list[ExportTarget], staged: StagedOutput, table: pa.Table | None, stats: RunStats
+) -> Published:
+    """Publish a shard's staged files, then write its rows to every export target: all of it
+    before the ledger line, so a crash anywhere here means the shard is replayed."""
+    published = sink.publish(staged)
+    if targets and published.part is not None:
+        if table is None:
+            raise AssertionError("export targets need the part's rows: the runner must hand them over")
+        for target in targets:
+            t0 = time.perf_counter()
+            target.write(published.part.name, table)
+            stats.add_export(target.name, table.num_rows, time.perf_counter() - t0)
+    crash_point("exported")
+    return published
 
 
 @dataclass
@@ -103,9 +108,7 @@ class Committer:
         shard = staged.shard
         if staged.first_error and self.first_error is None:
             self.first_error = staged.first_error
-        published = self.sink.publish(staged)
-        export(self.exports, published, table, self.stats)
-        crash_point("exported")
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats)
         part = published.part
         self.ledger.commit(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file)
         rows_out = part.rows if part else 0
@@ -176,8 +179,7 @@ class RetryCommitter:
         """Publish the retried rows (and export them), then the ledger line that supersedes the old error file."""
         old = self.unit.commit.error_file
         assert old is not None
-        published = self.sink.publish(staged)
-        export(self.exports, published, table, self.stats)
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats)
         c = self.unit.commit
         failed = staged.failed
         self.ledger.commit(c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old)

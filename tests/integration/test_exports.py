@@ -132,7 +132,8 @@ def test_redis_down_at_start_is_one_line_before_any_inference(job, tmp_path):
     with pytest.raises(OutputError, match=r"export\[0\] \(redis redis://127\.0\.0\.1:\d+/0\): cannot reach it"):
         run_job(cfg)
     assert (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text() == ""
-    assert "inference" not in json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())["status"]
+    report = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
+    assert report["status"] == "failed" and report["batches"]["count"] == 0  # no batch was even planned
 
 
 def test_redis_killed_mid_run_stops_the_job_and_the_rerun_completes_exactly_once(job, tmp_path):
@@ -207,12 +208,16 @@ def test_postgres_replays_after_a_crash_inside_or_after_the_transaction_change_n
     assert count == distinct == 250
 
 
-def test_postgres_upsert_keeps_one_row_per_id_and_survives_killed_connections(job, postgres_server, monkeypatch):
+def test_postgres_upsert_keeps_one_row_per_id_and_survives_killed_connections(
+    job, postgres_server, monkeypatch, caplog
+):
     table = _table()
     spec = {"kind": "postgres", "dsn": postgres_server.dsn, "table": table, "mode": "upsert", "vector": "array"}
     monkeypatch.setenv("KILL_PG_AT", "120")  # the model terminates every other backend of the database at row 120
     monkeypatch.setenv("PG_DSN", postgres_server.dsn)
     run_job(job(export=[spec]))
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retried and all(table in m for m in retried)  # the export's connection was killed and redone
     monkeypatch.delenv("KILL_PG_AT")
     run_job(job(out="out2", export=[spec], **{"runtime.batch_size": 10}))  # another job into the same table
     with postgres_server.connect() as c:

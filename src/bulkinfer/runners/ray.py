@@ -34,13 +34,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
+
 from ..adapters import Adapter, job_setup_context
 from ..config import JobConfig
 from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
-from .base import Committing, ShardOutput
+from .base import Committing
 
 __all__ = ["RayRunner"]
 
@@ -74,7 +76,6 @@ class Worker:
         self.cfg = JobConfig.model_validate(cfg_json)
         self.sink = make_sink(self.cfg)
         self.runner: Any = None
-        self.last_table: Any = None
         self.error: BaseException | None = None
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
@@ -93,19 +94,15 @@ class Worker:
             raise self.error
         stats = RunStats()
         runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
-        staged: list[StagedOutput] = []
+        done: list[tuple[StagedOutput, pa.Table]] = []
         self.runner = runner
         try:
-
-            def stage(out: ShardOutput) -> None:
-                self.last_table = out.table
-                staged.append(self.sink.stage(out, name_start, tag))
-
-            runner.run([shard], stage)
+            runner.run([shard], lambda out: done.append((self.sink.stage(out, name_start, tag), out.table)))
         finally:
             self.runner = None
-        table = self.last_table if self.cfg.export else None  # export targets are written by the driver
-        return {"staged": staged[0], "table": table, "figures": stats.worker_figures()}
+        staged, table = done[0]
+        table = table if self.cfg.export else None  # export targets are written by the driver, with these rows
+        return {"staged": staged, "table": table, "figures": stats.worker_figures()}
 
     def progress(self) -> dict[int, int]:
         runner = self.runner
