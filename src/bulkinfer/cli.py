@@ -166,7 +166,7 @@ def run(
     typer.echo(
         "time: "
         + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
-        + f"; report: {result.output / '_bulkinfer' / 'report.json'}"
+        + f"; report: {result.output}/_bulkinfer/report.json"
     )
     if "backend" in r:
         b = r["backend"]

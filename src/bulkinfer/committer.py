@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ErrorBudgetExceeded
 from .faults import crash_point
-from .ledger import ERRORS, Commit, Ledger
+from .ledger import ERRORS, Commit, OutputLedger
 from .records import decode_records
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .config import JobConfig
     from .records import ShardOutput
     from .report import RunStats
-    from .sinks import FileSink, StagedOutput
+    from .sinks import Sink, StagedOutput
     from .sinks.base import Published
     from .sinks.exports import ExportTarget
     from .sources import Shard
@@ -55,7 +55,7 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
 
 
 def publish_and_export(
-    sink: FileSink, targets: list[ExportTarget], staged: StagedOutput, table: pa.Table | None, stats: RunStats
+    sink: Sink, targets: list[ExportTarget], staged: StagedOutput, table: pa.Table | None, stats: RunStats
 ) -> Published:
     """Publish a shard's staged files, then write its rows to every export target: all of it
     before the ledger line, so a crash anywhere here means the shard is replayed."""
@@ -76,8 +76,8 @@ class Committer:
     """Commits shard outputs for one run; raises once the error budget is spent."""
 
     cfg: JobConfig
-    ledger: Ledger
-    sink: FileSink
+    ledger: OutputLedger
+    sink: Sink
     stats: RunStats
     planned_starts: dict[int, int]
     failed_before: int
@@ -111,6 +111,7 @@ class Committer:
         published = publish_and_export(self.sink, self.exports, staged, table, self.stats)
         part = published.part
         self.ledger.commit(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file)
+        self.sink.reveal(staged)
         rows_out = part.rows if part else 0
         self.stats.add_rows(rows_in=shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
         self.on_commit()
@@ -121,7 +122,7 @@ class Committer:
                 f"{total} rows failed, over the error budget of {self.budget} "
                 f"(execution.max_error_rate={ex.max_error_rate} of {self.stats.rows_planned} rows"
                 f"{'' if ex.max_errors is None else f', execution.max_errors={ex.max_errors}'}); "
-                f"first: {self.first_error}; see {self.ledger.out_dir / ERRORS}/, fix the cause or raise "
+                f"first: {self.first_error}; see {self.ledger.out_dir}/{ERRORS}/, fix the cause or raise "
                 "the budget, then rerun"
             )
 
@@ -135,7 +136,7 @@ class RetryUnit:
     rows: frozenset[int]
 
 
-def retry_units(ledger: Ledger, planned: list[Shard], commits: list[Commit]) -> list[RetryUnit]:
+def retry_units(ledger: OutputLedger, planned: list[Shard], commits: list[Commit]) -> list[RetryUnit]:
     """One unit per error file in force, with the rows it lists (a shard-level record lists its whole range)."""
     plan = {s.index: s for s in planned}
     superseded = {c.replaces for c in commits if c.replaces}
@@ -144,7 +145,7 @@ def retry_units(ledger: Ledger, planned: list[Shard], commits: list[Commit]) -> 
         if not c.error_file or c.error_file in superseded:
             continue
         rows: set[int] = set()
-        for rec in decode_records((ledger.errors_dir / c.error_file).read_bytes()):
+        for rec in decode_records(ledger.read_error_file(c.error_file)):
             rows.update(rec.row_numbers())
         if rows:
             units.append(RetryUnit(c, replace(plan[c.shard], start=min(rows), stop=max(rows) + 1), frozenset(rows)))
@@ -156,8 +157,8 @@ class RetryCommitter:
     """Commits the rows of one retry unit: a new part beside the original, a new error file for
     the rows that still fail, and one ledger line that supersedes the old error file."""
 
-    ledger: Ledger
-    sink: FileSink
+    ledger: OutputLedger
+    sink: Sink
     stats: RunStats
     unit: RetryUnit
     exports: list[ExportTarget] = field(default_factory=list)
@@ -183,7 +184,8 @@ class RetryCommitter:
         c = self.unit.commit
         failed = staged.failed
         self.ledger.commit(c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old)
-        (self.ledger.errors_dir / old).unlink(missing_ok=True)
+        self.sink.reveal(staged)
+        self.ledger.delete_error_file(old)
         rows_out = published.part.rows if published.part else 0
         self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=rows_out, failed=failed, shards=1)
         self.on_commit()

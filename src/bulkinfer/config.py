@@ -135,6 +135,8 @@ class SinkConfig(_Section):
     """Keep input row order within each shard's output file."""
     compression: str = "zstd"
     """Parquet compression codec."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options of an object-store path (s3: endpoint_url, key, secret, profile, client_kwargs...)."""
 
 
 class ExecutionConfig(_Section):
@@ -269,10 +271,10 @@ class JobConfig(_Section):
             raise ConfigError("sink.path: no output directory given; pass --output or set sink.path")
         scheme, sep, _ = self.sink.path.partition("://")
         if sep and scheme != "file":
-            raise ConfigError(
-                f"sink.path: {self.sink.path}: output goes to a local or shared filesystem path (NFS, EFS, a "
-                f"mounted bucket); {scheme}:// output is not supported yet (inputs may be {scheme}:// URIs)"
-            )
+            import fsspec
+
+            if scheme not in fsspec.available_protocols():
+                raise ConfigError(f"sink.path: {self.sink.path}: no filesystem knows {scheme}:// (fsspec has none)")
 
 
 def _format_validation_error(exc: ValidationError, origin: str) -> str:

@@ -26,13 +26,13 @@ from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size,
 from .committer import Committer, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import ConfigError, ErrorBudgetExceeded, Interrupted
-from .ledger import Ledger, failed_rows
+from .ledger import Ledger, OutputLedger, failed_rows
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
 from .runners import make_runner
-from .sinks import FileSink, make_sink
+from .sinks import Sink, make_sink
 from .sinks.exports import ExportTarget, make_exports
 from .sources import Shard
 
@@ -45,7 +45,7 @@ log = logging.getLogger("bulkinfer")
 class RunResult:
     """What ``run_job`` returns: where the output is and the report's figures."""
 
-    output: Path
+    output: Path | str  # a folder, or an object-store URI
     status: str
     report: dict[str, Any]
 
@@ -84,7 +84,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     job = prepare(cfg)
     sink = make_sink(job.cfg)
     sink.start()
-    with Ledger(sink.out_dir) as ledger:
+    with open_ledger(sink) as ledger:
         # plan (or take the plan of the run this one resumes)
         draft = make_plan(job.cfg, job.model, job.adapter, ledger.read_plan(), retry_errors=retry_errors)
         plan = ledger.begin(draft, job.cfg.execution.overwrite)
@@ -117,12 +117,28 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         return RunResult(sink.out_dir, status, report)
 
 
-def resume(cfg: JobConfig, ledger: Ledger, plan: JobPlan) -> tuple[RunStats, list[Any]]:
+def open_ledger(sink: Sink) -> OutputLedger:
+    """The ledger of the sink's output: a folder's (flock, append-only log) or an object store's."""
+    from .sinks.objects import ObjectSink
+
+    if isinstance(sink, ObjectSink):
+        from .objledger import ObjectLedger
+
+        return ObjectLedger(sink.store)
+    return Ledger(Path(sink.out_dir))
+
+
+def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStats, list[Any]]:
     """What the output already holds: the commits in force (after ``--repair`` when asked),
     with files no commit vouches for removed, and the run's counters started from them."""
     if ledger.took_over_from:
         log.info("took over the lock left by a run that died (%s)", ledger.took_over_from)
     if cfg.execution.repair:
+        if not isinstance(ledger, Ledger):
+            raise ConfigError(
+                f"--repair: {ledger.out_dir}: an object-store output keeps one commit record per shard, "
+                "never a log to repair; rerun without --repair"
+            )
         rebuilt = rebuild_ledger(ledger)
         log.info("rebuilt the ledger from %d committed file(s)", len(rebuilt))
     committed = ledger.commits()
@@ -150,8 +166,8 @@ Pass = tuple[list[Shard], Committer | RetryCommitter, frozenset[int] | None]
 def execute(
     job: Prepared,
     plan: JobPlan,
-    ledger: Ledger,
-    sink: FileSink,
+    ledger: OutputLedger,
+    sink: Sink,
     stats: RunStats,
     committed: list[Any],
     stop: threading.Event,

@@ -27,14 +27,24 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import JobMismatchError, LedgerError, LockedError, OutputError
 from .plan import JobPlan, describe_change
 from .records import ErrorRecord, encode_records
 from .sinks import ERRORS, Part, write_bytes
 
-__all__ = ["ERRORS", "PRIVATE", "SUCCESS", "Commit", "Ledger", "active_error_files", "failed_rows"]
+__all__ = [
+    "ERRORS",
+    "PRIVATE",
+    "SUCCESS",
+    "Commit",
+    "Ledger",
+    "OutputLedger",
+    "active_error_files",
+    "failed_rows",
+    "success_manifest",
+]
 
 PRIVATE = "_bulkinfer"
 SUCCESS = "_SUCCESS"
@@ -79,6 +89,39 @@ def _write_atomic(path: Path, text: str, crash_at: str | None = None) -> None:
 
 def _is_ours(name: str) -> bool:
     return name.startswith(("part-", ".part-", "._SUCCESS")) or name in (SUCCESS, PRIVATE, ERRORS)
+
+
+class OutputLedger(Protocol):
+    """What a run needs of an output's ledger: :class:`Ledger` for a folder,
+    :class:`~bulkinfer.objledger.ObjectLedger` for an object-store prefix."""
+
+    out_dir: Any
+    errors_dir: Any
+    took_over_from: str | None
+
+    def __enter__(self) -> OutputLedger: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def read_plan(self) -> JobPlan | None: ...
+    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan: ...
+    def commits(self, repair: bool = True) -> list[Commit]: ...
+    def commit(
+        self,
+        shard: int,
+        start: int,
+        stop: int,
+        part: Part | None,
+        errors: int = 0,
+        error_file: str | None = None,
+        replaces: str | None = None,
+    ) -> Commit: ...
+    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]: ...
+    def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
+    def read_error_file(self, name: str) -> bytes: ...
+    def delete_error_file(self, name: str) -> None: ...
+    def write_success(self, fingerprint: str, inputs_failed: int) -> None: ...
+    def write_private(self, name: str, data: Mapping[str, Any]) -> None: ...
+    def write_private_text(self, name: str, text: str) -> None: ...
+    def read_private(self, name: str) -> dict[str, Any] | None: ...
 
 
 class Ledger:
@@ -257,30 +300,21 @@ class Ledger:
 
     def write_success(self, fingerprint: str, inputs_failed: int) -> None:
         """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum."""
-        commits = sorted(self.commits(), key=lambda c: (c.shard, c.start))
-        manifest = {
-            "job_fingerprint": fingerprint,
-            "completed": time.time(),
-            "rows": sum(c.rows for c in commits),
-            "rows_failed": failed_rows(commits),
-            "inputs_failed": inputs_failed,
-            "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]
-            + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
-            "files": [
-                {
-                    "name": c.file,
-                    "rows": c.rows,
-                    "bytes": c.bytes,
-                    "sha256": c.sha256,
-                    "shard": c.shard,
-                    "start": c.start,
-                    "stop": c.stop,
-                }
-                for c in commits
-                if c.file
-            ],
-        }
+        manifest = success_manifest(self.commits(), fingerprint, inputs_failed)
         _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
+
+    def read_error_file(self, name: str) -> bytes:
+        return (self.errors_dir / name).read_bytes()
+
+    def delete_error_file(self, name: str) -> None:
+        (self.errors_dir / name).unlink(missing_ok=True)
+
+    def read_private(self, name: str) -> dict[str, Any] | None:
+        path = self.private / name
+        return dict(json.loads(path.read_text())) if path.is_file() else None
+
+    def write_private_text(self, name: str, text: str) -> None:
+        _write_atomic(self.private / name, text)
 
     def replace_log(self, commits: Iterable[Commit]) -> None:
         """Swap in a rebuilt commit log (``--repair``); the old one is kept beside it."""
@@ -304,3 +338,30 @@ def failed_rows(commits: Iterable[Commit]) -> int:
     commits = list(commits)
     active = set(active_error_files(commits))
     return sum(c.errors for c in commits if c.error_file in active)
+
+
+def success_manifest(commits: Iterable[Commit], fingerprint: str, inputs_failed: int) -> dict[str, Any]:
+    """What ``_SUCCESS`` says: every committed file with its rows, bytes, checksum and rows range."""
+    commits = sorted(commits, key=lambda c: (c.shard, c.start))
+    return {
+        "job_fingerprint": fingerprint,
+        "completed": time.time(),
+        "rows": sum(c.rows for c in commits),
+        "rows_failed": failed_rows(commits),
+        "inputs_failed": inputs_failed,
+        "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]
+        + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
+        "files": [
+            {
+                "name": c.file,
+                "rows": c.rows,
+                "bytes": c.bytes,
+                "sha256": c.sha256,
+                "shard": c.shard,
+                "start": c.start,
+                "stop": c.stop,
+            }
+            for c in commits
+            if c.file
+        ],
+    }

@@ -9,7 +9,6 @@ with the figures, before writing anything. The figures go into ``report.json``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from .sources import ROW, Shard, read_shard
 if TYPE_CHECKING:
     from .adapters import ResolvedModel
     from .config import JobConfig
-    from .ledger import Ledger
+    from .ledger import OutputLedger
 
 __all__ = ["compare_embeddings", "job_quality_gate", "quality_gate", "run_adapter"]
 
@@ -139,18 +138,16 @@ def quality_gate(
 
 
 def job_quality_gate(
-    cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard], ledger: Ledger
+    cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard], ledger: OutputLedger
 ) -> dict[str, Any] | None:
     """The gate for a job with a lowered precision, on its own rows; once per output and floor
     (the figures are kept in ``_bulkinfer/quality.json``). None for fp32."""
     rt = cfg.runtime
     if rt.precision == "fp32":
         return None
-    cached = ledger.private / "quality.json"
-    if cached.is_file():
-        figures: dict[str, Any] = json.loads(cached.read_text())
-        if figures.get("floor") == rt.quality_floor and figures.get("passed"):
-            return figures
+    cached = ledger.read_private("quality.json")
+    if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
+        return cached
     reference = build_adapter(cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})}), model)
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
     figures = quality_gate(

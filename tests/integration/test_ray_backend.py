@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer import load_config, run_job
@@ -235,3 +236,22 @@ def test_ray_results_reach_export_targets_from_the_driver(tmp_path, local_ray, u
     version = r.get(prefix + "current").decode()
     assert {int(r.get(f"{prefix}{version}:{i}")) for i in range(300)} == {2 * i for i in range(300)}
     assert next(iter(result.report["exports"].values()))["rows"] == 300
+
+
+def test_ray_workers_write_to_an_object_store(tmp_path, local_ray, user_module, s3_server):
+    """Workers stage their parts in the bucket themselves; the driver commits and copies them into place."""
+    t = pa.table({"id": np.arange(400), "x": np.arange(400, dtype=np.int64), "slow": np.zeros(400, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet", row_group_size=100)
+    bucket = s3_server.bucket(f"ray{uuid.uuid4().hex[:10]}")
+    extra = {"model.name": f"{user_module}:slow_on_flag", "model.feature_columns": ["x", "slow"],
+             "source.shard_rows": 100, "execution.backend": "ray", "execution.workers": 2,
+             "sink.storage_options": s3_server.options}  # fmt: skip
+    result = run_job(_cfg(f"s3://{bucket}/out", [tmp_path / "in.parquet"], **extra))
+    assert result.report["backend"]["name"] == "ray" and result.report["rows_out"] == 400
+    keys = s3_server.keys(bucket, "out/")
+    parts = [k for k in keys if k.startswith("out/part-")]
+    assert parts == [f"out/part-{i:05d}.parquet" for i in range(4)]
+    assert not [k for k in keys if "_temporary" in k]
+    got = pa.concat_tables([pq.read_table(pa.BufferReader(s3_server.get(bucket, k))) for k in parts])
+    assert sorted(got["id"].to_pylist()) == list(range(400))
+    assert got.sort_by("id")["y"].to_pylist() == [2 * i for i in range(400)]

@@ -3,8 +3,8 @@ the progress display (``progress``), ``report.json`` and Prometheus (``output``)
 
 from __future__ import annotations
 
-from .output import write_prometheus, write_report
+from .output import prometheus_text, write_report
 from .progress import Progress
 from .stats import RunStats
 
-__all__ = ["Progress", "RunStats", "write_prometheus", "write_report"]
+__all__ = ["Progress", "RunStats", "prometheus_text", "write_report"]

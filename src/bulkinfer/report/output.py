@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..adapters import available_cpus
@@ -14,15 +13,15 @@ from .stats import RunStats
 
 if TYPE_CHECKING:
     from ..config import JobConfig
-    from ..ledger import Ledger
+    from ..ledger import OutputLedger
 
-__all__ = ["write_prometheus", "write_report"]
+__all__ = ["prometheus_text", "write_report"]
 
 log = logging.getLogger("bulkinfer")
 
 
 def write_report(
-    cfg: JobConfig, ledger: Ledger, stats: RunStats, status: str, fingerprint: str, kind: str, engine: str
+    cfg: JobConfig, ledger: OutputLedger, stats: RunStats, status: str, fingerprint: str, kind: str, engine: str
 ) -> dict[str, Any]:
     """Write ``report.json`` and ``metrics.prom``; return the report (also when writing failed)."""
     report = {
@@ -38,15 +37,15 @@ def write_report(
     }
     try:
         ledger.write_private("report.json", report)
-        write_prometheus(ledger.private / "metrics.prom", report, {"job": fingerprint[:12]})
+        ledger.write_private_text("metrics.prom", prometheus_text(report, {"job": fingerprint[:12]}))
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
 
 
-def write_prometheus(path: Path, report: Mapping[str, Any], labels: Mapping[str, str]) -> None:
-    """Write the run's figures in Prometheus text format (for node_exporter's textfile collector)."""
-    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+def prometheus_text(report: Mapping[str, Any], labels: Mapping[str, str]) -> str:
+    """The run's figures in Prometheus text format (for node_exporter's textfile collector)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     reg = CollectorRegistry()
     names = list(labels)
@@ -68,4 +67,4 @@ def write_prometheus(path: Path, report: Mapping[str, Any], labels: Mapping[str,
     for stage, secs in report["time_s"].items():
         gauge("bulkinfer_stage_seconds", "Busy seconds per pipeline stage.", secs, {"stage": stage})
     gauge("bulkinfer_cost_per_million_rows", "Cost per million rows.", report["cost"]["per_million_rows"])
-    write_to_textfile(str(path), reg)
+    return generate_latest(reg).decode()

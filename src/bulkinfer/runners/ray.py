@@ -141,7 +141,8 @@ class RayRunner:
 
     def __init__(self, cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event) -> None:
         # workers write to the same output, whatever their working directory
-        out = str(make_sink(cfg).out_dir.resolve())
+        sink = make_sink(cfg)
+        out = sink.out_dir if isinstance(sink.out_dir, str) else str(sink.out_dir.resolve())
         self.cfg = cfg.model_copy(update={"sink": cfg.sink.model_copy(update={"path": out})})
         self.adapter = adapter
         self.on_progress: Callable[[], None] = lambda: None

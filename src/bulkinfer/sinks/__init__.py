@@ -21,6 +21,7 @@ __all__ = [
     "Sink",
     "Staged",
     "StagedOutput",
+    "is_remote",
     "make_sink",
     "part_name",
     "serialize",
@@ -29,7 +30,17 @@ __all__ = [
 ]
 
 
-def make_sink(cfg: JobConfig) -> FileSink:
-    """The sink ``cfg.sink`` describes."""
-    out_dir = Path(cfg.sink.path.removeprefix("file://")).expanduser()
-    return FileSink(out_dir, cfg.sink.format, cfg.sink.compression)
+def make_sink(cfg: JobConfig) -> Sink:
+    """The sink ``cfg.sink`` describes: a folder, or an object-store prefix (any fsspec URI)."""
+    sk = cfg.sink
+    if is_remote(sk.path):
+        from .objects import ObjectSink
+
+        return ObjectSink(sk.path, sk.format, sk.compression, sk.storage_options)
+    return FileSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.format, sk.compression)
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is a URI of a filesystem other than the local one."""
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme != "file"

@@ -5,6 +5,7 @@
     start()                      once, before any inference: the output can be written
     stage(shard output)          a finished shard's files, durable under hidden names
     publish(staged)              the files under their final names (then the ledger line)
+    reveal(staged)               after the ledger line (object stores: the part becomes visible)
     discard(staged)              an attempt that will not be committed (it lost a race)
     complete() / failed()        once, at the end: sweep what no commit needs
 
@@ -16,7 +17,7 @@ the shard runs again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..records import ShardOutput
@@ -66,13 +67,24 @@ class Published:
 class Sink(Protocol):
     """Where a job's result files go."""
 
+    out_dir: Any
+
     def start(self) -> None: ...
 
-    def stage(self, out: ShardOutput, start: int | None, tag: str = "") -> StagedOutput:
-        """``start`` is the first row when ``out`` is a tail of its planned shard (it names the file)."""
+    def stage(self, out: ShardOutput, start: int | None, tag: str = "", name: str | None = None) -> StagedOutput:
+        """``start`` is the first row when ``out`` is a tail of its planned shard (it names the file);
+        ``name`` replaces the usual name (``--retry-errors`` parts)."""
         ...
 
-    def publish(self, staged: StagedOutput) -> Published: ...
+    def publish(self, staged: StagedOutput) -> Published:
+        """Put the staged files in place, before the ledger line (a folder: rename them)."""
+        ...
+
+    def reveal(self, staged: StagedOutput) -> None:
+        """After the ledger line: make the committed part visible where ``publish`` could not do it
+        without showing an uncommitted part (an object store copies it into place; a resume rolls a
+        commit whose part is not yet in place forward). A folder has nothing left to do."""
+        ...
 
     def discard(self, staged: StagedOutput) -> None: ...
 

@@ -172,6 +172,9 @@ class FileSink:
             crash_point("part-renamed")
         return Published(part, error_file)
 
+    def reveal(self, staged: StagedOutput) -> None:
+        """Nothing: the rename in :meth:`publish` already put the part in place."""
+
     def discard(self, staged: StagedOutput) -> None:
         if staged.part:
             (self.out_dir / staged.part.temp).unlink(missing_ok=True)

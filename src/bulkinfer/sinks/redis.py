@@ -150,8 +150,12 @@ class RedisTarget:
         return [{c: fields[c][i] for c in cols} for i in range(table.num_rows)]
 
     def _send(self, keys: list[str], values: list[Any], rows: range) -> None:
-        pipe = self.client.pipeline(transaction=False)
         ttl = self.spec.ttl_s
+        if not ttl and not isinstance(values[rows.start], dict):
+            # one MSET per batch: one command to pack and parse, not one per row
+            self.client.execute_command("MSET", *[x for i in rows for x in (keys[i], values[i])])
+            return
+        pipe = self.client.pipeline(transaction=False)
         for i in rows:
             value = values[i]
             if isinstance(value, dict):

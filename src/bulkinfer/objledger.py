@@ -1,0 +1,292 @@
+"""The ledger of an object-store output: the same contract as :mod:`.ledger` without rename,
+append or flock, using only what the store guarantees.
+
+::
+
+    PREFIX/_bulkinfer/job.json                   the plan
+    PREFIX/_bulkinfer/lock                       the live run's lease (holder, heartbeat)
+    PREFIX/_bulkinfer/commits/00003-0000000000.json   one object per committed row range
+
+- A commit record is created with ``If-None-Match: *`` (S3 conditional writes): the first
+  writer of a row range wins, without a lock server. A shard is committed when its record
+  exists; a resume lists the records, so it needs nothing but the store's content (another
+  machine can resume).
+- The lock is an object created with ``If-None-Match`` and renewed every few seconds with
+  ``If-Match`` on its ETag. A second live run is refused; a lease not renewed for
+  ``LEASE_S`` seconds (its run died), or held by a process of this host that is gone, is
+  taken over, again with ``If-Match``, so two runs taking over at once cannot both win. A
+  run that finds its lease taken stops before its next commit.
+- Stores without conditional writes (checked by scheme) fall back to check-then-write,
+  which cannot tell apart two runs started in the same instant; the log says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from .errors import JobMismatchError, LedgerError, LockedError, OutputError
+from .ledger import ERRORS, PRIVATE, SUCCESS, Commit, active_error_files
+from .plan import JobPlan, describe_change
+from .records import ErrorRecord, encode_records
+from .sinks import Part
+from .sinks.objects import TEMPORARY, ObjectStore, staged_key
+
+__all__ = ["LEASE_S", "ObjectLedger"]
+
+log = logging.getLogger("bulkinfer")
+
+LEASE_S = 30.0
+"""A lock not renewed for this long belongs to a dead run."""
+_RENEW_S = 5.0
+_HELD_HERE: set[str] = set()
+"""The leases this process holds now (a lock naming this pid but none of these is a leftover)."""
+
+
+def _is_ours(key: str) -> bool:
+    return key.startswith(("part-", f"{ERRORS}/", f"{PRIVATE}/", f"{TEMPORARY}/")) or key == SUCCESS
+
+
+class ObjectLedger:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.out_dir = store.uri
+        self.private = f"{store.uri}/{PRIVATE}"
+        self.errors_dir = f"{store.uri}/{ERRORS}"
+        self.took_over_from: str | None = None
+        self._etag: str | None = None
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.run_id = uuid.uuid4().hex
+        if not store.conditional:
+            log.warning(
+                "%s: this store has no conditional writes; two runs started at the same instant are not told apart",
+                store.uri,
+            )
+
+    # -- lock (a lease) ---------------------------------------------------------------
+    def __enter__(self) -> ObjectLedger:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _holder(self) -> bytes:
+        now = time.time()
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "run": self.run_id, "since": now, "renewed": now}
+        return json.dumps(holder).encode()
+
+    def acquire(self) -> None:
+        key = f"{PRIVATE}/lock"
+        if not self.store.put_new(key, self._holder()):
+            etag = self.store.etag(key)
+            current = self.store.get(key) or b"{}"
+            try:
+                held = json.loads(current)
+            except ValueError:
+                held = {}
+            age = time.time() - float(held.get("renewed", 0))
+            if age < LEASE_S and not _dead_here(held):
+                who = f"pid {held.get('pid')} on {held.get('host')}, renewed {age:.0f} s ago"
+                raise LockedError(
+                    f"{self.out_dir}: another run is writing here ({who}); wait for it, or use another --output"
+                )
+            if etag is None or not self.store.put_if(key, self._holder(), etag):
+                raise LockedError(f"{self.out_dir}: another run took over the lock at the same moment; wait for it")
+            self.took_over_from = current.decode(errors="replace")
+        self._etag = self.store.etag(key)
+        _HELD_HERE.add(self.run_id)
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, name="bulkinfer-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        key = f"{PRIVATE}/lock"
+        while not self._stop.wait(_RENEW_S):
+            try:
+                if self._etag is None or not self.store.put_if(key, self._holder(), self._etag):
+                    log.error("%s: the lock was taken by another run; stopping before the next commit", self.out_dir)
+                    self._lost.set()
+                    return
+                self._etag = self.store.etag(key)
+            except OutputError as exc:  # the store is unreachable for now: the commit that follows will say so
+                log.warning("%s: could not renew the lock (%s)", self.out_dir, exc)
+
+    def live_holder(self) -> str | None:
+        data = self.store.get(f"{PRIVATE}/lock")
+        if data is None:
+            return None
+        try:
+            held = json.loads(data)
+        except ValueError:
+            return "unknown"
+        return data.decode() if time.time() - float(held.get("renewed", 0)) < LEASE_S else None
+
+    def release(self) -> None:
+        _HELD_HERE.discard(self.run_id)
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+            if not self._lost.is_set():
+                try:
+                    self.store.delete([f"{PRIVATE}/lock"])
+                except OutputError as exc:  # never hides the error that ended the run; the lease runs out
+                    log.warning("%s: could not release the lock (%s); it expires in %.0f s", self.out_dir, exc, LEASE_S)
+
+    # -- plan ---------------------------------------------------------------------------
+    def read_plan(self) -> JobPlan | None:
+        data = self.store.get(f"{PRIVATE}/job.json")
+        if data is None:
+            return None
+        try:
+            return JobPlan.from_json(json.loads(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"{self.private}/job.json: unreadable ({exc}); rerun with --overwrite") from exc
+
+    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
+        existing = self.read_plan()
+        if existing is not None and existing.fingerprint != plan.fingerprint:
+            if not overwrite:
+                raise JobMismatchError(
+                    f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
+                    "rerun with --overwrite to discard it, or choose another --output"
+                )
+            existing = None
+        if existing is None:
+            foreign = [k for k in self.store.ls() if not _is_ours(k)]
+            if foreign and not overwrite:
+                raise OutputError(
+                    f"{self.out_dir}: not empty and not a bulkinfer output (has {foreign[0]}); "
+                    "choose an empty or new prefix"
+                )
+            self.wipe()
+            self.store.put(f"{PRIVATE}/job.json", json.dumps(plan.to_json(), indent=1).encode())
+            return plan
+        return existing
+
+    def wipe(self) -> None:
+        keys = [k for k in self.store.find("") if _is_ours(k) and k != f"{PRIVATE}/lock"]
+        self.store.delete(keys)
+
+    # -- commits ------------------------------------------------------------------------
+    def _commit_key(self, c: Commit) -> str:
+        extra = f"-{c.replaces}" if c.replaces else ""
+        return f"{PRIVATE}/commits/{c.shard:05d}-{c.start:010d}{extra}.json"
+
+    def commits(self, repair: bool = True) -> list[Commit]:
+        keys = [k for k in self.store.find(f"{PRIVATE}/commits") if k.endswith(".json")]
+        got = self.store.get_many(keys)
+        out = []
+        for key in keys:
+            try:
+                out.append(Commit(**json.loads(got[key])))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise LedgerError(
+                    f"{self.store.url(key)}: unreadable commit record ({exc}); rerun with --overwrite"
+                ) from exc
+        return sorted(out, key=lambda c: (c.shard, c.start, c.replaces or ""))
+
+    def commit(
+        self,
+        shard: int,
+        start: int,
+        stop: int,
+        part: Part | None,
+        errors: int = 0,
+        error_file: str | None = None,
+        replaces: str | None = None,
+    ) -> Commit:
+        if self._lost.is_set():
+            raise OutputError(f"{self.out_dir}: another run took the lock; this one stops (committed shards are kept)")
+        if part is None:
+            part = Part(name="", rows=0, bytes=0, sha256="")
+        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces)
+        if not self.store.put_new(self._commit_key(record), json.dumps(asdict(record), sort_keys=True).encode()):
+            raise LedgerError(
+                f"{self.store.url(self._commit_key(record))}: rows {start}..{stop} of shard {shard} were committed "
+                "by another run; refusing to write them twice"
+            )
+        return record
+
+    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]:
+        committed = list(committed)
+        keep = {c.file for c in committed}
+        keep_errors = set(active_error_files(committed))
+        present = self.store.ls()
+        for c in committed:  # a crash between a commit record and its copy: roll it forward
+            if c.file and c.file not in present:
+                self._roll_forward(c)
+        stale = [k for k in present if k.startswith("part-") and k not in keep]
+        errors = [k.rsplit("/", 1)[1] for k in self.store.ls(ERRORS)]
+        stale += [f"{ERRORS}/{n}" for n in errors if n.startswith("part-") and n not in keep_errors]
+        stale += self.store.find(TEMPORARY)
+        self.store.delete(stale)
+        return stale
+
+    def _roll_forward(self, c: Commit) -> None:
+        temp = staged_key(c.file, c.sha256)
+        try:
+            self.store.copy(temp, c.file)
+        except FileNotFoundError:
+            raise LedgerError(
+                f"{self.store.url(self._commit_key(c))}: commits {c.file}, but neither it nor its staged copy "
+                f"{temp} exists (deleted by hand?); rerun with --overwrite"
+            ) from None
+        log.info("%s: put the committed part in place (its run died before copying it)", self.store.url(c.file))
+
+    # -- files beside the parts -----------------------------------------------------------
+    def write_input_errors(self, records: list[ErrorRecord]) -> None:
+        self.store.put(f"{ERRORS}/inputs.jsonl", encode_records(records))
+
+    def read_error_file(self, name: str) -> bytes:
+        data = self.store.get(f"{ERRORS}/{name}")
+        if data is None:
+            raise LedgerError(f"{self.errors_dir}/{name}: missing; rerun with --overwrite")
+        return data
+
+    def delete_error_file(self, name: str) -> None:
+        self.store.delete([f"{ERRORS}/{name}"])
+
+    def write_success(self, fingerprint: str, inputs_failed: int) -> None:
+        from .ledger import success_manifest
+
+        self.store.put(
+            SUCCESS, json.dumps(success_manifest(self.commits(), fingerprint, inputs_failed), indent=1).encode()
+        )
+
+    def write_private(self, name: str, data: Mapping[str, Any]) -> None:
+        self.store.put(f"{PRIVATE}/{name}", json.dumps(data, indent=1).encode())
+
+    def write_private_text(self, name: str, text: str) -> None:
+        self.store.put(f"{PRIVATE}/{name}", text.encode())
+
+    def read_private(self, name: str) -> dict[str, Any] | None:
+        data = self.store.get(f"{PRIVATE}/{name}")
+        return None if data is None else dict(json.loads(data))
+
+
+def _dead_here(held: Mapping[str, Any]) -> bool:
+    """The holder ran on this host and is gone: its process died, or it was an earlier run of
+    this process that failed to release it (no need to wait for its lease)."""
+    if held.get("host") != socket.gethostname():
+        return False
+    if held.get("pid") == os.getpid():
+        return held.get("run") not in _HELD_HERE
+    try:
+        os.kill(int(held.get("pid", 0)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, OSError):
+        return False
+    return int(held.get("pid", 0)) <= 0

@@ -1,0 +1,254 @@
+"""Output to an object store (s3://) against a real S3 API server (moto's, started by the
+fixtures), through the real client (s3fs/botocore) over sockets."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bulkinfer import LockedError, OutputError, load_config, run_job
+
+from helpers import BULKINFER, write
+
+MODEL = """
+import os
+import re
+import time
+
+import numpy as np
+
+
+def embed(table):
+    x = np.asarray(table.column("x").to_pylist(), dtype=np.float32)
+    if os.environ.get("SLOW_MODEL"):
+        time.sleep(float(os.environ["SLOW_MODEL"]))
+    return {"embedding": np.stack([x, 2 * x], axis=1), "score": x / 1000.0}
+"""
+
+
+@pytest.fixture
+def s3job(tmp_path, monkeypatch, s3_server):
+    """250 rows in shards of 50, a cheap model, and a fresh bucket; returns (config maker, bucket)."""
+    write(pa.table({"id": np.arange(250), "x": np.arange(250)}), tmp_path / "in.parquet")
+    (tmp_path / "s3model.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("s3model", None)
+    bucket = s3_server.bucket(f"b{uuid.uuid4().hex[:10]}")
+
+    def config(path: str = "out", **overrides):
+        base = {
+            "source.paths": ["in.parquet"],
+            "source.id_column": "id",
+            "source.shard_rows": 50,
+            "model.name": "s3model:embed",
+            "model.feature_columns": ["x"],
+            "sink.path": f"s3://{bucket}/{path}",
+            "sink.storage_options": s3_server.options,
+            "execution.progress": "none",
+        }
+        return load_config(overrides={**base, **overrides})
+
+    return config, bucket
+
+
+def visible(s3, bucket: str, prefix: str) -> pa.Table:
+    """What a downstream reader sees: every object under the prefix whose name does not start with _ or ."""
+    keys = [k for k in s3.keys(bucket, prefix + "/") if not k.rsplit("/", 1)[1].startswith(("_", "."))]
+    keys = [k for k in keys if "/_" not in k[len(prefix) :]]
+    client = s3.client()
+    tables = [pq.read_table(io.BytesIO(client.get_object(Bucket=bucket, Key=k)["Body"].read())) for k in keys]
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def test_a_job_writes_the_same_layout_to_a_bucket(s3job, s3_server):
+    config, bucket = s3job
+    result = run_job(config())
+    assert result.output == f"s3://{bucket}/out"
+    keys = s3_server.keys(bucket, "out/")
+    assert [k for k in keys if k.startswith("out/part-")] == [f"out/part-{i:05d}.parquet" for i in range(5)]
+    assert "out/_SUCCESS" in keys and "out/_bulkinfer/job.json" in keys
+    assert [k for k in keys if "/_bulkinfer/commits/" in k] == [
+        f"out/_bulkinfer/commits/{i:05d}-{50 * i:010d}.json" for i in range(5)
+    ]
+    assert not [k for k in keys if "_temporary" in k or k.endswith("/lock")]
+    out = visible(s3_server, bucket, "out")
+    assert sorted(out.column("id").to_pylist()) == list(range(250))
+    manifest = json.loads(s3_server.client().get_object(Bucket=bucket, Key="out/_SUCCESS")["Body"].read())
+    assert manifest["rows"] == 250 and len(manifest["files"]) == 5
+    assert (
+        json.loads(s3_server.client().get_object(Bucket=bucket, Key="out/_bulkinfer/report.json")["Body"].read())[
+            "rows_out"
+        ]
+        == 250
+    )
+
+
+def test_a_missing_bucket_is_one_line_before_any_inference(s3job, s3_server):
+    config, _bucket = s3job
+    cfg = config()
+    cfg = cfg.model_copy(update={"sink": cfg.sink.model_copy(update={"path": "s3://no-such-bucket-here/out"})})
+    with pytest.raises(
+        OutputError, match=r"^s3://no-such-bucket-here/out: the bucket 'no-such-bucket-here' does not exist"
+    ):
+        run_job(cfg)
+
+
+def test_a_second_live_run_on_the_prefix_is_refused(s3job, s3_server):
+    from bulkinfer.objledger import ObjectLedger
+    from bulkinfer.sinks.objects import ObjectStore
+
+    config, bucket = s3job
+    live = r"another run is writing here \(pid \d+ on .*renewed \d+ s ago\)"
+    with ObjectLedger(ObjectStore(f"s3://{bucket}/out", s3_server.options)), pytest.raises(LockedError, match=live):
+        run_job(config())
+    assert run_job(config()).report["rows_out"] == 250
+    assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
+
+
+def test_a_lease_nobody_renewed_is_taken_over(s3job, s3_server):
+    """A run on another machine that died: its lock names a foreign host and was last renewed
+    longer ago than the lease; the next run takes it over and completes."""
+    from bulkinfer.objledger import LEASE_S
+
+    config, bucket = s3job
+    stale = {"pid": 1, "host": "another-machine", "since": 0, "renewed": time.time() - LEASE_S - 1}
+    s3_server.client().put_object(Bucket=bucket, Key="out/_bulkinfer/lock", Body=json.dumps(stale).encode())
+    assert run_job(config()).report["rows_out"] == 250
+    assert "out/_bulkinfer/lock" not in s3_server.keys(bucket, "out/")
+    fresh = {**stale, "renewed": time.time()}
+    s3_server.client().put_object(Bucket=bucket, Key="out/_bulkinfer/lock", Body=json.dumps(fresh).encode())
+    with pytest.raises(LockedError, match=r"another run is writing here \(pid 1 on another-machine"):
+        run_job(config())
+
+
+@pytest.mark.parametrize("point", ["part-temp-written:3", "part-committed:2", "part-renamed:2"])
+def test_sigkill_during_upload_or_publish_then_rerun_elsewhere_is_exactly_once(s3job, s3_server, tmp_path, point):
+    """Input and output both in the bucket, the store configured the usual way (AWS_* variables),
+    so the rerun from another working directory needs nothing but the store's content."""
+    _config, bucket = s3job
+    s3_server.client().put_object(Bucket=bucket, Key="in/in.parquet", Body=(tmp_path / "in.parquet").read_bytes())
+    args = ["run", "-i", f"s3://{bucket}/in/", "-m", "s3model:embed", "--feature-columns", "x",
+            "--id-column", "id", "-o", f"s3://{bucket}/out", "--progress", "none",
+            "--set", "source.shard_rows=50"]  # fmt: skip
+    env = {**os.environ, **s3_server.env, "BULKINFER_CRASH_AT": point}
+    proc = subprocess.run([*BULKINFER, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    keys = s3_server.keys(bucket, "out/")
+    assert "out/_SUCCESS" not in keys
+    committed = [k for k in keys if "/commits/" in k]
+    assert 1 <= len(committed) < 5
+    # nothing a lister sees is uncommitted: every visible part is named by a commit record
+    named = {json.loads(s3_server.get(bucket, k))["file"] for k in committed}
+    assert {k.removeprefix("out/") for k in keys if k.startswith("out/part-")} <= named
+    # another machine: a fresh working directory with only the model
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "s3model.py").write_bytes((tmp_path / "s3model.py").read_bytes())
+    env.pop("BULKINFER_CRASH_AT")
+    proc = subprocess.run([*BULKINFER, *args], cwd=other, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "took over the lock left by a run that died" in proc.stderr  # same host, its pid gone: no lease wait
+    assert f"{len(committed) * 50} already committed" in proc.stdout
+    out = visible(s3_server, bucket, "out")
+    assert sorted(out.column("id").to_pylist()) == list(range(250))
+    assert not [k for k in s3_server.keys(bucket, "out/") if "_temporary" in k or k.endswith("/lock")]
+
+
+@pytest.fixture
+def proxy(s3_server):
+    from services import FaultProxy
+
+    p = FaultProxy(s3_server.port)
+    yield p
+    p.down()
+
+
+def through(s3_server, proxy, **retries) -> dict:
+    """Storage options that reach moto through the fault proxy."""
+    options = {**s3_server.options, "endpoint_url": proxy.endpoint}
+    if retries:
+        options["retries"] = retries["s3fs"]
+        options["config_kwargs"] = {"retries": {"max_attempts": retries["botocore"], "mode": "standard"}}
+    return options
+
+
+def when_committed(s3_server, bucket: str, n: int, then) -> threading.Thread:
+    """Run ``then()`` once ``n`` commit records exist under ``out/``."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len([k for k in s3_server.keys(bucket, "out/_bulkinfer/commits/")]) >= n:
+                then()
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_slowdown_answers_are_retried_and_every_row_lands_once(s3job, s3_server, proxy):
+    config, bucket = s3job
+    proxy.fail_every = 7  # one request in seven answered 503 SlowDown
+    result = run_job(config(**{"sink.storage_options": through(s3_server, proxy)}))
+    assert result.report["rows_out"] == 250
+    assert proxy.refused >= 5
+    assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
+
+
+def test_the_store_restarting_mid_run_costs_nothing(s3job, s3_server, proxy, monkeypatch):
+    config, bucket = s3job
+    monkeypatch.setenv("SLOW_MODEL", "0.3")
+
+    def restart() -> None:
+        proxy.down()  # open connections reset, new ones refused
+        time.sleep(1.5)
+        proxy.up()
+
+    watcher = when_committed(s3_server, bucket, 1, restart)
+    result = run_job(config(**{"sink.storage_options": through(s3_server, proxy)}))
+    watcher.join()
+    assert result.report["rows_out"] == 250
+    assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
+
+
+def test_a_store_that_keeps_failing_stops_the_job_with_one_line_and_keeps_what_was_committed(
+    s3job, s3_server, proxy, monkeypatch
+):
+    config, bucket = s3job
+    monkeypatch.setenv("SLOW_MODEL", "0.3")
+
+    def fail_everything() -> None:
+        proxy.fail_every = 1
+
+    watcher = when_committed(s3_server, bucket, 2, fail_everything)
+    options = through(s3_server, proxy, s3fs=1, botocore=2)
+    with pytest.raises(OutputError) as err:
+        run_job(config(**{"sink.storage_options": options}))
+    watcher.join()
+    message = str(err.value)
+    assert "\n" not in message
+    assert re.match(rf"^s3://{bucket}/out/[^/ ]+(/\S+)?: cannot [a-z ]+ \(503 SlowDown: Please reduce", message), (
+        message
+    )
+    assert "committed shards are kept, rerun to resume" in message
+    committed = len(s3_server.keys(bucket, "out/_bulkinfer/commits/"))
+    assert committed >= 2
+    proxy.fail_every = 0
+    result = run_job(config(**{"sink.storage_options": options}))
+    assert result.report["rows_already_done"] == committed * 50
+    assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
