@@ -8,7 +8,7 @@ hidden name and published; only the ledger line, appended last, makes them count
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from .errors import ErrorBudgetExceeded
 from .faults import crash_point
 from .ledger import ERRORS, Commit, OutputLedger
 from .records import decode_records
+from .routing import DEFAULT, Route, split
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,6 +35,7 @@ __all__ = [
     "RetryUnit",
     "remaining_work",
     "retry_units",
+    "stage_routed",
 ]
 
 
@@ -54,21 +56,49 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
     return todo
 
 
+def stage_routed(
+    sink: Sink, routes: list[Route], out: ShardOutput, start: int | None, tag: str = "", name: str | None = None
+) -> tuple[StagedOutput, pa.Table, dict[str, pa.Table]]:
+    """Split a shard's rows by route (first match), stage the default route's rows as the part;
+    return the staged part, its rows and each route's rows (for the driver to write)."""
+    if not routes:
+        return sink.stage(out, start, tag, name), out.table, {}
+    rest, routed = split(routes, out.table)
+    return sink.stage(replace(out, table=rest), start, tag, name), rest, routed
+
+
 def publish_and_export(
-    sink: Sink, targets: list[ExportTarget], staged: StagedOutput, table: pa.Table | None, stats: RunStats
+    sink: Sink,
+    targets: list[ExportTarget],
+    staged: StagedOutput,
+    table: pa.Table | None,
+    stats: RunStats,
+    routed: Mapping[str, pa.Table] | None = None,
+    route_targets: Mapping[str, list[ExportTarget]] | None = None,
 ) -> Published:
-    """Publish a shard's staged files, then write its rows to every export target: all of it
-    before the ledger line, so a crash anywhere here means the shard is replayed."""
+    """Publish a shard's staged files, then write its rows to every export target and each
+    route's rows to that route's targets: all of it before the ledger line, so a crash
+    anywhere here means the shard is replayed."""
     published = sink.publish(staged)
     if targets and published.part is not None:
         if table is None:
             raise AssertionError("export targets need the part's rows: the runner must hand them over")
         for target in targets:
-            t0 = time.perf_counter()
-            target.write(published.part.name, table)
-            stats.add_export(target.name, table.num_rows, time.perf_counter() - t0)
+            _timed_write(target, published.part.name, table, stats)
+    if routed:
+        stats.add_route(DEFAULT, published.part.rows if published.part else 0)
+        for route, rows in routed.items():
+            stats.add_route(route, rows.num_rows)
+            for target in (route_targets or {}).get(route, []):
+                _timed_write(target, staged.unit, rows, stats)
     crash_point("exported")
     return published
+
+
+def _timed_write(target: ExportTarget, part: str, table: pa.Table, stats: RunStats) -> None:
+    t0 = time.perf_counter()
+    target.write(part, table)
+    stats.add_export(target.name, table.num_rows, time.perf_counter() - t0)
 
 
 @dataclass
@@ -84,6 +114,8 @@ class Committer:
     exports: list[ExportTarget] = field(default_factory=list)
     on_commit: Callable[[], None] = lambda: None
     first_error: str | None = None
+    routes: list[Route] = field(default_factory=list)
+    route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
 
     @property
     def budget(self) -> int:
@@ -92,7 +124,7 @@ class Committer:
         return by_rate if ex.max_errors is None else min(by_rate, ex.max_errors)
 
     def __call__(self, out: ShardOutput) -> None:
-        self.publish(self.sink.stage(out, self.name_start(out.shard)), out.table)
+        self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard)))
 
     def name_start(self, shard: Shard) -> int | None:
         """The row that names ``shard``'s files: None for a whole planned shard, its start for a tail."""
@@ -102,17 +134,22 @@ class Committer:
         """Drop an attempt that will not be committed (another attempt committed its rows)."""
         self.sink.discard(staged)
 
-    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
-        """Publish the staged files, write ``table`` (the part's rows) to the export targets,
-        then append the ledger line that makes them count."""
+    def publish(
+        self, staged: StagedOutput, table: pa.Table | None = None, routed: Mapping[str, pa.Table] | None = None
+    ) -> None:
+        """Publish the staged files, write ``table`` (the part's rows) to the export targets and
+        ``routed`` to the routes' targets, then append the ledger line that makes them count."""
         shard = staged.shard
         if staged.first_error and self.first_error is None:
             self.first_error = staged.first_error
-        published = publish_and_export(self.sink, self.exports, staged, table, self.stats)
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
         part = published.part
-        self.ledger.commit(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file)
+        n_routed = sum(t.num_rows for t in (routed or {}).values())
+        self.ledger.commit(
+            shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed
+        )
         self.sink.reveal(staged)
-        rows_out = part.rows if part else 0
+        rows_out = (part.rows if part else 0) + n_routed
         self.stats.add_rows(rows_in=shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
         self.on_commit()
         total = self.failed_before + self.stats.rows_failed
@@ -163,12 +200,14 @@ class RetryCommitter:
     unit: RetryUnit
     exports: list[ExportTarget] = field(default_factory=list)
     on_commit: Callable[[], None] = lambda: None
+    routes: list[Route] = field(default_factory=list)
+    route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
 
     def __call__(self, out: ShardOutput) -> None:
         old = self.unit.commit.error_file
         assert old is not None
         base, _, n = old.removesuffix(".jsonl").partition(".retry-")
-        self.publish(self.sink.stage(out, None, name=f"{base}.retry-{int(n or 0) + 1}"), out.table)
+        self.publish(*stage_routed(self.sink, self.routes, out, None, name=f"{base}.retry-{int(n or 0) + 1}"))
 
     def name_start(self, shard: Shard) -> int | None:
         return None  # retry parts are named after the error file they supersede
@@ -176,16 +215,22 @@ class RetryCommitter:
     def discard(self, staged: StagedOutput) -> None:
         self.sink.discard(staged)
 
-    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
-        """Publish the retried rows (and export them), then the ledger line that supersedes the old error file."""
+    def publish(
+        self, staged: StagedOutput, table: pa.Table | None = None, routed: Mapping[str, pa.Table] | None = None
+    ) -> None:
+        """Publish the retried rows (and export or route them), then the ledger line that
+        supersedes the old error file."""
         old = self.unit.commit.error_file
         assert old is not None
-        published = publish_and_export(self.sink, self.exports, staged, table, self.stats)
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
         c = self.unit.commit
         failed = staged.failed
-        self.ledger.commit(c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old)
+        n_routed = sum(t.num_rows for t in (routed or {}).values())
+        self.ledger.commit(
+            c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old, routed=n_routed
+        )
         self.sink.reveal(staged)
         self.ledger.delete_error_file(old)
-        rows_out = published.part.rows if published.part else 0
+        rows_out = (published.part.rows if published.part else 0) + n_routed
         self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=rows_out, failed=failed, shards=1)
         self.on_commit()

@@ -7,6 +7,7 @@ and is what ``bulkinfer run --help`` shows.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -198,7 +199,8 @@ class ServeConfig(_Section):
     api_keys_file: str | None = None
     """File with one API key per line; when set, requests need `Authorization: Bearer <key>`."""
     results: str | None = None
-    """Output directory of a finished Parquet run: GET /v1/results/{id} answers from it."""
+    """GET /v1/results/{id} answers from: a finished Parquet run's folder, or redis://... (the current
+    snapshot of the job's versioned [[export]] kind = "redis")."""
 
 
 class RedisExport(_Section):
@@ -235,7 +237,60 @@ class PostgresExport(_Section):
     """Embeddings as pgvector vector(n) (auto: when the extension can be used) or real[]."""
 
 
-ExportConfig = Annotated[Union[RedisExport, PostgresExport], Field(discriminator="kind")]  # noqa: UP007
+class RedisStreamExport(_Section):
+    kind: Literal["redis_stream"] = "redis_stream"
+    url: str = "redis://127.0.0.1:6379/0"
+    """Redis to write to (redis://[:password@]host:port/db, rediss:// for TLS)."""
+    stream: str = "bulkinfer:queue"
+    """Stream key: each row is one entry (XADD), its kept input and chosen output columns as fields."""
+    columns: list[str] = Field(default_factory=list)
+    """Output columns of each entry besides the kept input columns (default: every model output column)."""
+    maxlen: int | None = Field(default=None, ge=1)
+    """Trim the stream to about this many entries (XADD MAXLEN ~); None: never."""
+
+
+class FolderExport(_Section):
+    kind: Literal["folder"] = "folder"
+    path: str = ""
+    """Folder or object-store prefix; each committed part's rows are written there under the part's name."""
+    format: Literal["parquet", "jsonl", "csv"] = "parquet"
+    """File format of the folder's parts."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options when path is an object-store URI."""
+
+
+ExportConfig = Annotated[
+    Union[RedisExport, PostgresExport, RedisStreamExport, FolderExport],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+EXPORT_KINDS = (RedisExport, PostgresExport, RedisStreamExport, FolderExport)
+
+
+class RouteConfig(_Section):
+    name: str
+    """Route name (letters, digits, _ and -): the report counts its rows under it."""
+    when: str
+    """Expression over the output columns (comparisons, and/or/not, arithmetic, is null, in); first match wins."""
+    export: list[ExportConfig] = Field(min_length=1)
+    """Where the route's rows go ([[route.export]] tables, any export kind); not to the output folder."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", v) or v == "default":
+            raise ValueError(f"{v!r}: use letters, digits, _ and - ('default' is the rows no route takes)")
+        return v
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, v: str) -> str:
+        from .expr import parse
+
+        try:
+            parse(v, "when")  # refused here, with the token and its position
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("when: ")) from None
+        return v
 
 
 class JobConfig(_Section):
@@ -254,7 +309,19 @@ class JobConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
     export: list[ExportConfig] = Field(default_factory=list)
-    """Export targets written with each shard before its commit ([[export]] tables: kind = redis | postgres)."""
+    """Export targets written with each shard before its commit ([[export]] tables: kind = redis | postgres |
+    redis_stream | folder)."""
+    route: list[RouteConfig] = Field(default_factory=list)
+    """Routes ([[route]] tables): rows matching a route's `when` go to its targets instead of the output."""
+
+    @field_validator("route")
+    @classmethod
+    def _unique_routes(cls, v: list[RouteConfig]) -> list[RouteConfig]:
+        names = [r.name for r in v]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"two routes are named {dup!r}")
+        return v
 
     @property
     def passthrough_columns(self) -> list[str]:
@@ -343,12 +410,17 @@ def field_docs() -> Iterator[tuple[str, str, str]]:
     """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
     for section, info in JobConfig.model_fields.items():
         if section == "export":
-            for target in (RedisExport, PostgresExport):
+            for target in EXPORT_KINDS:
                 for name, field in target.model_fields.items():
                     if name != "kind":
                         doc = " ".join((field.description or "").split())
                         kind = target.model_fields["kind"].default
                         yield f"export.{name}", repr(field.get_default(call_default_factory=True)), f"({kind}) {doc}"
+            continue
+        if section == "route":
+            for name, field in RouteConfig.model_fields.items():
+                default = "[]" if name == "export" else "(required)"
+                yield f"route.{name}", default, " ".join((field.description or "").split())
             continue
         model = info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)

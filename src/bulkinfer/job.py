@@ -31,9 +31,10 @@ from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
+from .routing import compile_routes
 from .runners import make_runner
 from .sinks import Sink, make_sink
-from .sinks.exports import ExportTarget, make_exports
+from .sinks.exports import ExportTarget, make_exports, make_route_targets
 from .sources import Shard
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
@@ -89,15 +90,18 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         draft = make_plan(job.cfg, job.model, job.adapter, ledger.read_plan(), retry_errors=retry_errors)
         plan = ledger.begin(draft, job.cfg.execution.overwrite)
         stats, committed = resume(job.cfg, ledger, plan)
-        exports = make_exports(job.cfg)
+        exports, route_targets = make_exports(job.cfg), make_route_targets(job.cfg)
+        every_target = exports + [t for ts in route_targets.values() for t in ts]
         # execute
         status, done = "complete", False
         try:
-            for target in exports:  # a target that is down is one line before any inference
+            for target in every_target:  # a target that is down is one line before any inference
                 target.start(plan, job.cfg.passthrough_columns)
-            done = execute(job, plan, ledger, sink, stats, committed, stop, exports, retry_errors=retry_errors)
+            done = execute(
+                job, plan, ledger, sink, stats, committed, stop, exports, route_targets, retry_errors=retry_errors
+            )
             if done:
-                for target in exports:
+                for target in every_target:
                     target.complete()
         except Interrupted:
             status = "interrupted"
@@ -106,7 +110,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             status = "failed"
             raise
         finally:  # report, whatever happened
-            for target in exports:
+            for target in every_target:
                 target.close()
             sink.complete() if status == "complete" else sink.failed()
             stats.finished = stats.finished or time.perf_counter()
@@ -172,6 +176,7 @@ def execute(
     committed: list[Any],
     stop: threading.Event,
     exports: list[ExportTarget] | None = None,
+    route_targets: dict[str, list[ExportTarget]] | None = None,
     *,
     retry_errors: bool = False,
 ) -> bool:
@@ -180,14 +185,23 @@ def execute(
     src = job.cfg.source.model_copy(update={"column_types": plan.column_types or {}})
     cfg = job.cfg.model_copy(update={"source": src})
     failed_before = failed_rows(committed) + len(plan.input_errors)
-    exports = exports or []
+    exports, route_targets = exports or [], route_targets or {}
+    routes = compile_routes(cfg)
     committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports)
+    committer.routes, committer.route_targets = routes, route_targets
     backend = cfg.execution.backend
     if retry_errors:
         units = retry_units(ledger, plan.shards, committed)
         log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
         stats.rows_planned = stats.rows_already_done = 0
-        passes: list[Pass] = [([u.shard], RetryCommitter(ledger, sink, stats, u, exports), u.rows) for u in units]
+        passes: list[Pass] = [
+            (
+                [u.shard],
+                RetryCommitter(ledger, sink, stats, u, exports, routes=routes, route_targets=route_targets),
+                u.rows,
+            )
+            for u in units
+        ]
         backend = "local"  # the rows of a few error files: not worth a cluster
     elif committer.failed_before > committer.budget:
         raise ErrorBudgetExceeded(

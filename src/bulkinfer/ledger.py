@@ -65,6 +65,7 @@ class Commit:
     errors: int = 0
     error_file: str | None = None
     replaces: str | None = None  # the error file a --retry-errors commit supersedes
+    routed: int = 0  # rows sent to routes' targets instead of ``file``
 
 
 def _encode_line(record: Mapping[str, Any]) -> str:
@@ -113,6 +114,7 @@ class OutputLedger(Protocol):
         errors: int = 0,
         error_file: str | None = None,
         replaces: str | None = None,
+        routed: int = 0,
     ) -> Commit: ...
     def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]: ...
     def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
@@ -259,10 +261,13 @@ class Ledger:
         errors: int = 0,
         error_file: str | None = None,
         replaces: str | None = None,
+        routed: int = 0,
     ) -> Commit:
         if part is None:
             part = Part(name="", rows=0, bytes=0, sha256="")
-        record = Commit(shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces)
+        record = Commit(
+            shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces, routed
+        )
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _encode_line(asdict(record)).encode())
@@ -347,6 +352,7 @@ def success_manifest(commits: Iterable[Commit], fingerprint: str, inputs_failed:
         "job_fingerprint": fingerprint,
         "completed": time.time(),
         "rows": sum(c.rows for c in commits),
+        "rows_routed": sum(c.routed for c in commits),
         "rows_failed": failed_rows(commits),
         "inputs_failed": inputs_failed,
         "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]

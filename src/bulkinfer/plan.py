@@ -105,6 +105,8 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
     identity = {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
     if dumped["export"]:  # where earlier shards were exported (absent: the identity of jobs without exports)
         identity["export"] = dumped["export"]
+    if dumped["route"]:  # where rows were routed (absent: the identity of jobs without routes)
+        identity["route"] = dumped["route"]
     return identity
 
 

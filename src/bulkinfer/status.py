@@ -35,7 +35,7 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     commits = ledger.commits(repair=False)
     todo = remaining_work(shards, commits)  # partial commits leave a shard's tail to do
     rows_planned = sum(s.num_rows for s in shards)
-    rows_committed = sum(c.rows for c in commits)
+    rows_committed = sum(c.rows + c.routed for c in commits)
     report_path = ledger.private / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     holder = ledger.live_holder()

@@ -225,3 +225,64 @@ def test_tabular_predictions_equal_offline_and_overload_gets_503(tmp_path):
     finally:
         server.stop()
     assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows"] == 60
+
+
+SNAPSHOT_MODEL = """
+import numpy as np
+
+
+def embed(table):
+    x = np.asarray(table.column("x").to_pylist(), dtype=np.float32)
+    return {"embedding": np.stack([x, -x], axis=1), "score": x / 1000.0}
+"""
+
+
+def test_results_answer_from_the_current_redis_snapshot_and_follow_a_new_one(tmp_path, redis_server):
+    import uuid
+
+    import pyarrow as pa
+
+    tag = uuid.uuid4().hex[:8]
+    write(pa.table({"id": np.arange(30), "x": np.arange(30)}), tmp_path / "in.parquet")
+    write(pa.table({"id": np.arange(30), "x": 2 * np.arange(30)}), tmp_path / "in2.parquet")
+    (tmp_path / "snapmodel.py").write_text(SNAPSHOT_MODEL)
+    (tmp_path / "job.toml").write_text(f"""
+[source]
+paths = ["in.parquet"]
+id_column = "id"
+
+[model]
+name = "snapmodel:embed"
+feature_columns = ["x"]
+
+[sink]
+path = "out"
+
+[[export]]
+kind = "redis"
+url = "{redis_server.url}"
+key = "snap{tag}:{{id}}"
+""")
+    cli("run", "job.toml", "--progress", "none", cwd=tmp_path, check=True)
+    server = Server(["job.toml", "--set", f"serve.results='{redis_server.url}'"], tmp_path)
+    try:
+        r = httpx.get(f"{server.url}/v1/results/7")
+        assert r.status_code == 200, r.text
+        assert r.json() == {"id": "7", "answered_by": "precomputed",
+                            "row": {"id": 7, "embedding": [7.0, -7.0], "score": pytest.approx(0.007)}}  # fmt: skip
+        first = redis_server.client().get(f"snap{tag}:current").decode()
+        missing = httpx.get(f"{server.url}/v1/results/4000")
+        assert missing.status_code == 404
+        assert (
+            f"id '4000' is not among the snapshot {first} of {redis_server.url}" in missing.json()["error"]["message"]
+        )
+        live = httpx.get(f"{server.url}/v1/results/4000", params={"fallback": "live", "x": "5"})
+        assert live.status_code == 200 and live.json()["answered_by"] == "live"
+        assert live.json()["row"] == {"id": 4000, "embedding": [5.0, -5.0], "score": pytest.approx(0.005)}
+        # another run (other inputs: another version) publishes a new snapshot; the server follows it
+        cli("run", "job.toml", "-i", "in2.parquet", "-o", "out2", "--progress", "none", cwd=tmp_path, check=True)
+        assert redis_server.client().get(f"snap{tag}:current").decode() != first
+        again = httpx.get(f"{server.url}/v1/results/7")
+        assert again.json()["row"]["embedding"] == [14.0, -14.0]
+    finally:
+        server.stop()

@@ -239,19 +239,24 @@ def test_ray_results_reach_export_targets_from_the_driver(tmp_path, local_ray, u
 
 
 def test_ray_workers_write_to_an_object_store(tmp_path, local_ray, user_module, s3_server):
-    """Workers stage their parts in the bucket themselves; the driver commits and copies them into place."""
+    """Workers stage their parts in the bucket themselves; the driver commits and copies them into
+    place. Rows with y >= 600 are routed to a folder instead (split on the workers, written by the driver)."""
     t = pa.table({"id": np.arange(400), "x": np.arange(400, dtype=np.int64), "slow": np.zeros(400, dtype=np.int64)})
     write(t, tmp_path / "in.parquet", row_group_size=100)
     bucket = s3_server.bucket(f"ray{uuid.uuid4().hex[:10]}")
     extra = {"model.name": f"{user_module}:slow_on_flag", "model.feature_columns": ["x", "slow"],
              "source.shard_rows": 100, "execution.backend": "ray", "execution.workers": 2,
-             "sink.storage_options": s3_server.options}  # fmt: skip
+             "sink.storage_options": s3_server.options,
+             "route": [{"name": "big", "when": "y >= 600", "export": [{"kind": "folder", "path": str(tmp_path / "big")}]}]}  # fmt: skip
     result = run_job(_cfg(f"s3://{bucket}/out", [tmp_path / "in.parquet"], **extra))
     assert result.report["backend"]["name"] == "ray" and result.report["rows_out"] == 400
+    assert result.report["routes"] == {"default": 300, "big": 100}
+    big = read_output(tmp_path / "big")
+    assert sorted(big["id"].to_pylist()) == list(range(300, 400))
     keys = s3_server.keys(bucket, "out/")
     parts = [k for k in keys if k.startswith("out/part-")]
-    assert parts == [f"out/part-{i:05d}.parquet" for i in range(4)]
+    assert parts == [f"out/part-{i:05d}.parquet" for i in range(3)]  # shard 3 went to the route whole
     assert not [k for k in keys if "_temporary" in k]
     got = pa.concat_tables([pq.read_table(pa.BufferReader(s3_server.get(bucket, k))) for k in parts])
-    assert sorted(got["id"].to_pylist()) == list(range(400))
-    assert got.sort_by("id")["y"].to_pylist() == [2 * i for i in range(400)]
+    assert sorted(got["id"].to_pylist()) == list(range(300))
+    assert got.sort_by("id")["y"].to_pylist() == [2 * i for i in range(300)]

@@ -43,6 +43,7 @@ class RunStats:
     quality: dict[str, Any] | None = None
     backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
     exports: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> rows, seconds
+    routes: dict[str, int] = field(default_factory=dict)  # route -> rows this run ("default": the output's)
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -64,6 +65,10 @@ class RunStats:
             self.rows_out += rows_out
             self.rows_failed += failed
             self.shards_committed += shards
+
+    def add_route(self, route: str, rows: int) -> None:
+        with self._lock:
+            self.routes[route] = self.routes.get(route, 0) + rows
 
     def add_export(self, target: str, rows: int, seconds: float) -> None:
         with self._lock:
@@ -139,6 +144,7 @@ class RunStats:
             },
             "quality": self.quality,
             **({"backend": self.backend} if self.backend else {}),
+            **({"routes": dict(self.routes)} if self.routes else {}),
             **(
                 {
                     "exports": {

@@ -12,7 +12,7 @@ committer, which stages, publishes and appends the ledger line.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ..records import ShardOutput
@@ -44,8 +44,11 @@ class Committing(Protocol):
         """The row that names ``shard``'s files (None: a whole planned shard)."""
         ...
 
-    def publish(self, staged: StagedOutput, table: pa.Table | None = None) -> None:
-        """Commit a shard another process staged (``table``: its rows, for export targets)."""
+    def publish(
+        self, staged: StagedOutput, table: pa.Table | None = None, routed: Mapping[str, pa.Table] | None = None
+    ) -> None:
+        """Commit a shard another process staged (``table``: its rows, for export targets;
+        ``routed``: each route's rows, for the routes' targets)."""
         ...
 
     def discard(self, staged: StagedOutput) -> None:

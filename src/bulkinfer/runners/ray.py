@@ -37,9 +37,11 @@ from typing import Any
 import pyarrow as pa
 
 from ..adapters import Adapter, job_setup_context
+from ..committer import stage_routed
 from ..config import JobConfig
 from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
+from ..routing import compile_routes
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
 from .base import Committing
@@ -75,6 +77,7 @@ class Worker:
                 sys.path.insert(0, p)
         self.cfg = JobConfig.model_validate(cfg_json)
         self.sink = make_sink(self.cfg)
+        self.routes = compile_routes(self.cfg)
         self.runner: Any = None
         self.error: BaseException | None = None
         threads = max(1, int(self.cfg.execution.num_cpus))
@@ -94,15 +97,15 @@ class Worker:
             raise self.error
         stats = RunStats()
         runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
-        done: list[tuple[StagedOutput, pa.Table]] = []
+        done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
         self.runner = runner
         try:
-            runner.run([shard], lambda out: done.append((self.sink.stage(out, name_start, tag), out.table)))
+            runner.run([shard], lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag)))
         finally:
             self.runner = None
-        staged, table = done[0]
-        table = table if self.cfg.export else None  # export targets are written by the driver, with these rows
-        return {"staged": staged, "table": table, "figures": stats.worker_figures()}
+        staged, table, routed = done[0]
+        table = table if self.cfg.export else None  # export and route targets are written by the driver
+        return {"staged": staged, "table": table, "routed": routed, "figures": stats.worker_figures()}
 
     def progress(self) -> dict[int, int]:
         runner = self.runner
@@ -344,7 +347,7 @@ class RayRunner:
                 shard.index,
             )
             return
-        commit.publish(staged, result["table"])
+        commit.publish(staged, result["table"], result["routed"])
         self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
         self.rows_left -= shard.num_rows
         self.stats.merge(result["figures"])

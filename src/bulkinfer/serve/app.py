@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from starlette.applications import Starlette
@@ -32,6 +32,9 @@ from .auth import authorize, load_keys
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .metrics import ServeMetrics
 from .results import ResultIndex
+
+if TYPE_CHECKING:
+    from .redis_results import RedisResults
 from .validation import ApiError, JSONResponse, check_rows, error_response, live_inputs, read_body
 
 __all__ = ["ApiError", "Server", "build_app"]
@@ -54,9 +57,9 @@ class Server:
         self.batcher: Batcher | None = None
         self.setup_error: str | None = None
         self.name = cfg.model.name
-        self.results = ResultIndex(self.sv.results, cfg.source.id_column) if self.sv.results else None
+        self.results = _results(self.sv.results, cfg) if self.sv.results else None
         if self.results is not None:
-            log.info("precomputed results: %d ids from %s", len(self.results), self.results.out_dir)
+            log.info("precomputed results: %s", self.results.describe())
 
     def start(self) -> None:
         """Set the model up in the background; /readyz turns 200 when it is loaded."""
@@ -122,6 +125,15 @@ class Server:
         return rows
 
 
+def _results(where: str, cfg: JobConfig) -> ResultIndex | RedisResults:
+    """A finished run's folder, or the current snapshot of a job's Redis export."""
+    if where.startswith(("redis://", "rediss://", "unix://")):
+        from .redis_results import RedisResults
+
+        return RedisResults(where, cfg)
+    return ResultIndex(where, cfg.source.id_column)
+
+
 def build_app(cfg: JobConfig) -> Starlette:
     """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
     server = Server(cfg)
@@ -145,7 +157,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         if request.query_params.get("fallback") != "live":
             cols = ", ".join(server.adapter.input_columns)
             raise ApiError(
-                404, f"id {key!r} is not among the {len(index)} precomputed rows of {index.out_dir}; "
+                404, f"id {key!r} is not among {index.describe()}; "
                 f"add ?fallback=live&<{cols}>=... to compute it", "not_found",
             )  # fmt: skip
         values = live_inputs(key, request.query_params, server.adapter.input_columns, server.model.kind)

@@ -68,6 +68,9 @@ class ResultIndex:
     def __len__(self) -> int:
         return len(self.sorted_ids)
 
+    def describe(self) -> str:
+        return f"the {len(self)} precomputed rows of {self.out_dir}"
+
     def get(self, key: str) -> dict[str, Any] | None:
         """The output row for ``key``, or None."""
         value = self.parse_id(key)

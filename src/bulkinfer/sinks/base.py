@@ -54,6 +54,7 @@ class StagedOutput:
     errors: Staged | None
     failed: int
     first_error: str | None
+    unit: str = ""  # the part's name without extension, even when it has no rows: what route targets key on
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ import pyarrow as pa
 from ..errors import OutputError
 
 if TYPE_CHECKING:
-    from ..config import JobConfig
+    from ..config import ExportConfig, JobConfig
     from ..plan import JobPlan
 
-__all__ = ["ExportTarget", "make_exports", "retrying", "value_columns", "vectors"]
+__all__ = ["ExportTarget", "make_exports", "make_route_targets", "make_target", "retrying", "value_columns", "vectors"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -48,17 +48,31 @@ class ExportTarget(Protocol):
 
 
 def make_exports(cfg: JobConfig) -> list[ExportTarget]:
-    targets: list[ExportTarget] = []
-    for i, spec in enumerate(cfg.export):
-        if spec.kind == "redis":
-            from .redis import RedisTarget
+    """The ``[[export]]`` targets (they get the rows of the default route)."""
+    return [make_target(spec, f"export[{i}]") for i, spec in enumerate(cfg.export)]
 
-            targets.append(RedisTarget(spec, f"export[{i}]"))
-        else:
-            from .postgres import PostgresTarget
 
-            targets.append(PostgresTarget(spec, f"export[{i}]"))
-    return targets
+def make_route_targets(cfg: JobConfig) -> dict[str, list[ExportTarget]]:
+    """Each route's targets, by route name."""
+    return {r.name: [make_target(s, f"route[{r.name}].export[{i}]") for i, s in enumerate(r.export)] for r in cfg.route}
+
+
+def make_target(spec: ExportConfig, where: str) -> ExportTarget:
+    if spec.kind == "redis":
+        from .redis import RedisTarget
+
+        return RedisTarget(spec, where)
+    if spec.kind == "postgres":
+        from .postgres import PostgresTarget
+
+        return PostgresTarget(spec, where)
+    if spec.kind == "redis_stream":
+        from .streams import RedisStreamTarget
+
+        return RedisStreamTarget(spec, where)
+    from .folder import FolderTarget
+
+    return FolderTarget(spec, where)
 
 
 def retrying(

@@ -162,7 +162,8 @@ class FileSink:
             final = name + EXTENSIONS[self.format] if name else part_name(shard.index, self.format, start)
             part = stage_bytes(self.out_dir, final, data, out.table.num_rows, tag)
         first = out.errors[0].headline() if out.errors else None
-        return StagedOutput(shard, part, errors, out.failed, first)
+        unit = name or part_name(shard.index, self.format, start).removesuffix(EXTENSIONS[self.format])
+        return StagedOutput(shard, part, errors, out.failed, first, unit)
 
     def publish(self, staged: StagedOutput) -> Published:
         error_file = publish(self.errors_dir, staged.errors).name if staged.errors else None

@@ -226,7 +226,8 @@ class ObjectSink:
             final = name + EXTENSIONS[self.format] if name else part_name(shard.index, self.format, start)
             part = self._stage(final, "", data, out.table.num_rows)
         first = out.errors[0].headline() if out.errors else None
-        return StagedOutput(shard, part, errors, out.failed, first)
+        unit = name or part_name(shard.index, self.format, start).removesuffix(EXTENSIONS[self.format])
+        return StagedOutput(shard, part, errors, out.failed, first, unit)
 
     def publish(self, staged: StagedOutput) -> Published:
         """The error file into ``_errors/`` (hidden from readers); the part waits for its record."""

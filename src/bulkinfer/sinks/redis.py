@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..config import RedisExport
     from ..plan import JobPlan
 
-__all__ = ["RedisTarget", "parse_key"]
+__all__ = ["RedisTarget", "column_kind", "connect", "decode_value", "encode_fields", "parse_key"]
 
 
 def parse_key(template: str, where: str) -> tuple[str, list[tuple[str, str | None]]]:
@@ -55,16 +56,10 @@ class RedisTarget:
         self.client: Any = None
         self.version = ""
         self.kept: list[str] = []
+        self._described = False
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, plan: JobPlan, kept: Sequence[str]) -> None:
-        try:
-            import redis
-            from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
-        except ImportError as exc:
-            raise ConfigError(f"{self.where}: the redis export needs redis-py: pip install 'bulkinfer[redis]'") from exc
-
         self.kept = list(kept)
         for _text, col in self.pieces:
             if col is not None and col not in kept:
@@ -73,19 +68,7 @@ class RedisTarget:
                     "set source.id_column or add it to sink.keep_columns"
                 )
         self.version = plan.fingerprint[:16]
-        self._errors = (redis.ConnectionError, redis.TimeoutError, ConnectionResetError)
-        self._refused = redis.RedisError
-        self.client = redis.Redis.from_url(
-            self.spec.url,
-            socket_connect_timeout=5,
-            socket_timeout=30,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),  # a blip; exports.retrying does the rest
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError],
-        )
-        try:
-            self.client.ping()
-        except (*self._errors, redis.ResponseError) as exc:
-            raise OutputError(f"{self.name}: cannot reach it ({exc}); start it or fix the url") from exc
+        self.client, self._errors, self._refused = connect(self.spec.url, self.name)
 
     def write(self, part: str, table: pa.Table) -> None:
         if not table.num_rows:
@@ -93,6 +76,7 @@ class RedisTarget:
         keys = self._keys(table)
         cols = value_columns(table, self.spec.columns, self.kept, self.where)
         values = self._values(table, cols)
+        self._describe(table, cols)
         step = self.spec.batch_rows
         for lo in range(0, len(keys), step):
             chunk = range(lo, min(lo + step, len(keys)))
@@ -127,10 +111,30 @@ class RedisTarget:
                 parts.append([str(v) for v in table.column(col).to_pylist()])
         return ["".join(p) for p in zip(*parts, strict=True)]
 
-    def _values(self, table: pa.Table, cols: list[str]) -> list[Any]:
+    def _encoding(self, table: pa.Table, cols: list[str]) -> str:
         enc: str = self.spec.encoding
         if enc == "auto":
             enc = "hash" if len(cols) > 1 else ("float32" if is_vector(table.column(cols[0])) else "text")
+        return enc
+
+    def _describe(self, table: pa.Table, cols: list[str]) -> None:
+        """``<prefix>schema:<version>``: how this version's values decode (``bulkinfer serve`` reads it)."""
+        if self._described or not self.spec.versioned:
+            return
+        schema = {
+            "key": self.spec.key,
+            "encoding": self._encoding(table, cols),
+            "columns": {c: column_kind(table.column(c)) for c in cols},
+        }
+        retrying(
+            lambda: self.client.set(f"{self.prefix}schema:{self.version}", orjson.dumps(schema)),
+            f"{self.name}: writing {self.prefix}schema:{self.version}",
+            self._errors,
+        )
+        self._described = True
+
+    def _values(self, table: pa.Table, cols: list[str]) -> list[Any]:
+        enc = self._encoding(table, cols)
         if enc in ("float32", "text") and len(cols) != 1:
             raise OutputError(f"{self.where}.encoding: {enc} stores one column; {len(cols)} chosen ({', '.join(cols)})")
         if enc == "float32":
@@ -143,10 +147,7 @@ class RedisTarget:
         if enc == "json":
             rows = table.select(cols).to_pylist()
             return [orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) for r in rows]
-        fields = {}
-        for c in cols:
-            col = table.column(c)
-            fields[c] = [r.tobytes() for r in vectors(col)] if is_vector(col) else [_scalar(v) for v in col.to_pylist()]
+        fields = encode_fields(table, cols)
         return [{c: fields[c][i] for c in cols} for i in range(table.num_rows)]
 
     def _send(self, keys: list[str], values: list[Any], rows: range) -> None:
@@ -185,7 +186,70 @@ class RedisTarget:
                     batch = []
             if batch:
                 self.client.unlink(*batch)
+            self.client.unlink(f"{self.prefix}schema:{old}")
             self.client.zrem(versions, old)
+
+
+def connect(url: str, name: str) -> tuple[Any, tuple[type[BaseException], ...], type[BaseException]]:
+    """A checked client, the errors worth retrying and the server's refusals (one line if it is down)."""
+    try:
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+    except ImportError as exc:
+        raise ConfigError(f"{name}: the redis export needs redis-py: pip install 'bulkinfer[redis]'") from exc
+    transient = (redis.ConnectionError, redis.TimeoutError, ConnectionResetError)
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),  # a blip; exports.retrying does the rest
+        retry_on_error=list(transient),
+    )
+    try:
+        client.ping()
+    except (*transient, redis.ResponseError) as exc:
+        raise OutputError(f"{name}: cannot reach it ({exc}); start it or fix the url") from exc
+    return client, transient, redis.RedisError
+
+
+def column_kind(col: pa.ChunkedArray) -> str:
+    """How a column's Redis values decode: vector, int, float, bool, or text."""
+    t = col.type
+    if is_vector(col):
+        return "vector"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_boolean(t):
+        return "bool"
+    return "text"
+
+
+def decode_value(kind: str, raw: bytes) -> Any:
+    """A value :func:`encode_fields` wrote, back (an empty value is null)."""
+    if kind == "vector":
+        return np.frombuffer(raw, dtype=np.float32).tolist()
+    if raw == b"":
+        return None
+    text = raw.decode()
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    if kind == "bool":
+        return text == "1"
+    return text
+
+
+def encode_fields(table: pa.Table, cols: Sequence[str]) -> dict[str, list[str | bytes]]:
+    """Each column as Redis values: vectors as float32 bytes, scalars as text."""
+    out: dict[str, list[str | bytes]] = {}
+    for c in cols:
+        col = table.column(c)
+        out[c] = [r.tobytes() for r in vectors(col)] if is_vector(col) else [_scalar(v) for v in col.to_pylist()]
+    return out
 
 
 def _scalar(value: Any) -> str | bytes:
