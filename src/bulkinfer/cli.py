@@ -288,7 +288,9 @@ def serve(
 
 @app.command()
 def inspect(
-    output: Annotated[Path, typer.Argument(help="An output directory of bulkinfer run.")],
+    output: Annotated[
+        str, typer.Argument(help="An output of bulkinfer run: a folder, or an object-store prefix (s3://...).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show what is committed, what remains, errors and the job fingerprint."""

@@ -130,7 +130,8 @@ class ObjectLedger:
             held = json.loads(data)
         except ValueError:
             return "unknown"
-        return data.decode() if time.time() - float(held.get("renewed", 0)) < LEASE_S else None
+        fresh = time.time() - float(held.get("renewed", 0)) < LEASE_S
+        return data.decode() if fresh and not _dead_here(held) else None
 
     def release(self) -> None:
         _HELD_HERE.discard(self.run_id)

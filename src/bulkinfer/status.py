@@ -1,14 +1,17 @@
-"""What an output directory holds: committed, remaining, errors, fingerprint (``bulkinfer inspect``)."""
+"""What an output holds (a folder or an object-store prefix): committed, remaining, errors,
+fingerprint (``bulkinfer inspect``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .committer import remaining_work
 from .errors import OutputError
 from .ledger import ERRORS, SUCCESS, Ledger
+
+if TYPE_CHECKING:
+    from .objledger import ObjectLedger
 
 __all__ = ["inspect_output"]
 
@@ -24,23 +27,36 @@ def _count_error_records(path: Path) -> int:
     return total
 
 
-def inspect_output(out_dir: str | Path) -> dict[str, Any]:
-    """Describe the job in ``out_dir`` without changing anything."""
+def inspect_output(out_dir: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Describe the job in ``out_dir`` (a folder or an object-store prefix) without changing anything."""
+    from .sinks import is_remote
+
+    if is_remote(str(out_dir)):
+        from .objledger import ObjectLedger
+        from .sinks.objects import ObjectStore
+
+        store = ObjectStore(str(out_dir), storage_options or {})
+        remote = ObjectLedger(store)
+        errors = store.get_many([k for k in store.ls(ERRORS) if not k.rsplit("/", 1)[1].startswith(".")])
+        error_records = sum(1 for data in errors.values() for line in data.splitlines() if line.strip())
+        return _describe(store.uri, remote, store.exists(SUCCESS), error_records)
     out = Path(out_dir)
-    ledger = Ledger(out)
+    return _describe(str(out), Ledger(out), (out / SUCCESS).is_file(), _count_error_records(out / ERRORS))
+
+
+def _describe(where: str, ledger: Ledger | ObjectLedger, complete: bool, error_records: int) -> dict[str, Any]:
     plan = ledger.read_plan()
     if plan is None:
-        raise OutputError(f"{out}: not a bulkinfer output directory (no _bulkinfer/job.json)")
+        raise OutputError(f"{where}: not a bulkinfer output directory (no _bulkinfer/job.json)")
     shards = plan.shards
     commits = ledger.commits(repair=False)
     todo = remaining_work(shards, commits)  # partial commits leave a shard's tail to do
     rows_planned = sum(s.num_rows for s in shards)
     rows_committed = sum(c.rows + c.routed for c in commits)
-    report_path = ledger.private / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    report = ledger.read_private("report.json")
     holder = ledger.live_holder()
     return {
-        "output": str(out),
+        "output": where,
         "job_fingerprint": plan.fingerprint,
         "model": {"kind": plan.model_kind, "location": plan.model_location},
         "inputs": len(plan.inputs),
@@ -51,8 +67,8 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
         "rows_planned": rows_planned,
         "rows_committed": rows_committed,
         "rows_remaining": sum(s.num_rows for s in todo),
-        "error_records": _count_error_records(out / ERRORS),
-        "complete": (out / SUCCESS).is_file(),
+        "error_records": error_records,
+        "complete": complete,
         "running": holder is not None,
         "lock_holder": holder,
         "last_run": None

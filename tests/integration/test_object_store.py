@@ -153,6 +153,16 @@ def test_sigkill_during_upload_or_publish_then_rerun_elsewhere_is_exactly_once(s
     # nothing a lister sees is uncommitted: every visible part is named by a commit record
     named = {json.loads(s3_server.get(bucket, k))["file"] for k in committed}
     assert {k.removeprefix("out/") for k in keys if k.startswith("out/part-")} <= named
+    proc = subprocess.run(
+        [*BULKINFER, "inspect", f"s3://{bucket}/out", "--json"], env=env, capture_output=True, text=True
+    )
+    info = json.loads(proc.stdout)
+    assert (info["shards_committed"], info["rows_committed"], info["complete"], info["running"]) == (
+        len(committed),
+        50 * len(committed),
+        False,
+        False,
+    )
     # another machine: a fresh working directory with only the model
     other = tmp_path / "elsewhere"
     other.mkdir()
