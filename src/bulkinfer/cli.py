@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -323,6 +324,61 @@ def inspect(
     if info["last_run"]:
         lr = info["last_run"]
         typer.echo(f"  last run         {lr['status']}, {lr['rows_out']} rows, {lr['rows_per_s']} rows/s")
+
+
+@app.command()
+def index(
+    output: Annotated[Path, typer.Argument(help="A finished bulkinfer output (Parquet) with a vector column.")],
+    dest: Annotated[Path, typer.Option("--output", "-o", help="The index file to write (e.g. items.index).")],
+    column: Annotated[str, typer.Option(help="The vector column.")] = "embedding",
+    kind: Annotated[str, typer.Option(help="flat (exact), hnsw, or ivf-pq (compressed).")] = "hnsw",
+    metric: Annotated[str, typer.Option(help="cosine, ip (inner product) or l2.")] = "cosine",
+    k: Annotated[int, typer.Option(help="The k of the recall@k check.")] = 10,
+    min_recall: Annotated[
+        float | None, typer.Option(help="Refuse (exit 1, nothing written) an index whose recall@k is lower.")
+    ] = None,
+    ef_search: Annotated[int | None, typer.Option(help="HNSW: candidates kept while searching.")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF-PQ: lists searched per query.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Build an approximate-nearest-neighbour index (Faiss) over an output's vectors; check its recall."""
+    _prepare(quiet)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from .index import IndexSpec, build_index
+
+    if kind not in ("flat", "hnsw", "ivf-pq") or metric not in ("cosine", "ip", "l2"):
+        typer.echo("bulkinfer: error: --kind is flat, hnsw or ivf-pq; --metric is cosine, ip or l2", err=True)
+        raise typer.Exit(2)
+    spec = IndexSpec(column=column, kind=kind, metric=metric, k=k, ef_search=ef_search, nprobe=nprobe)  # type: ignore[arg-type]
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=quiet or as_json,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("indexing", total=None)
+        try:
+            report = build_index(
+                output, dest, spec, min_recall, lambda done, total: bar.update(task, completed=done, total=total)
+            )
+        except BulkinferError as exc:
+            raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(report), indent=1))
+        return
+    typer.echo(
+        f"wrote {report.index}: {report.kind} ({report.metric}, {report.dim} dims, {report.params}), "
+        f"{report.vectors} vectors, {report.index_bytes / 2**20:.1f} MiB, built in {report.build_s:.1f} s"
+    )
+    typer.echo(
+        f"recall@{report.k} {report.recall:.4f} against exact search on {report.queries} sampled queries; "
+        f"{report.queries_per_s:.0f} queries/s"
+        + (f"; {report.rows_failed} row(s) not indexed: see {report.index}.errors.jsonl" if report.rows_failed else "")
+    )
 
 
 def main() -> None:

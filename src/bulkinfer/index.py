@@ -1,0 +1,346 @@
+"""``bulkinfer index``: an approximate-nearest-neighbour index (Faiss) over a finished
+output's vector column, with the output's provenance and a measured recall.
+
+Three passes over the output's committed parts (from its ``_SUCCESS`` manifest), one part
+and one batch at a time, so memory beyond the index itself stays bounded:
+
+1. sample: queries for the recall check and, for IVF-PQ, training vectors, drawn at
+   uniformly random positions across the whole output (not its first rows);
+2. add: every valid vector is added (its position is its Faiss id; the id column is
+   stored beside the index as ``<index>.ids.parquet``, so string ids need no hashing), and
+   the exact top-k of the sampled queries is kept in a heap as the parts stream by;
+3. check: recall@k of the index against that exact answer, and the query rate.
+
+A row whose vector is null, of another dimension or not finite is an error record in
+``<index>.errors.jsonl`` (file, row, reason), never in the index. The index, its ids and
+``<index>.json`` (provenance, parameters, figures) are each written atomically, the JSON
+last: a reader that finds the JSON finds a whole index. A killed build restarts from the
+beginning: adding vectors costs seconds to minutes against the hours the embeddings
+took, and a restart cannot leave an index that holds a part twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ConfigError, OutputError, QualityGateError, SourceError
+
+__all__ = ["IndexReport", "IndexSpec", "build_index", "load_index_meta"]
+
+log = logging.getLogger("bulkinfer")
+
+Kind = Literal["flat", "hnsw", "ivf-pq"]
+Metric = Literal["cosine", "ip", "l2"]
+_BATCH = 8192
+
+
+@dataclass
+class IndexSpec:
+    """What to build; None parameters are chosen from the data's size and dimension."""
+
+    column: str = "embedding"
+    kind: Kind = "hnsw"
+    metric: Metric = "cosine"
+    k: int = 10
+    queries: int = 200
+    hnsw_m: int | None = None
+    ef_construction: int | None = None
+    ef_search: int | None = None
+    nlist: int | None = None
+    pq_m: int | None = None
+    nprobe: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class IndexReport:
+    index: str
+    kind: str
+    metric: str
+    dim: int
+    vectors: int
+    rows_failed: int
+    params: dict[str, int] = field(default_factory=dict)
+    recall: float = 0.0
+    k: int = 10
+    queries: int = 0
+    build_s: float = 0.0
+    index_bytes: int = 0
+    queries_per_s: float = 0.0
+
+
+def load_index_meta(path: str | Path) -> dict[str, Any]:
+    """``<index>.json``: what an index was built from and how (one line if it is missing)."""
+    meta = Path(f"{path}.json")
+    if not Path(path).is_file() or not meta.is_file():
+        raise ConfigError(f"{path}: no index there (an index is the file and its .json, written by bulkinfer index)")
+    return dict(json.loads(meta.read_text()))
+
+
+# -- reading the output ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Part:
+    path: Path
+    rows: int
+    first: int  # global position of its first row
+
+
+def _parts(out: Path) -> tuple[list[_Part], dict[str, Any]]:
+    from .ledger import PRIVATE, SUCCESS
+
+    manifest_path = out / SUCCESS
+    if not manifest_path.is_file():
+        raise SourceError(f"{out}: no finished run here (no _SUCCESS); let the job complete first", str(out))
+    manifest = json.loads(manifest_path.read_text())
+    job_path = out / PRIVATE / "job.json"
+    job = json.loads(job_path.read_text()) if job_path.is_file() else {}
+    parts, first = [], 0
+    for f in manifest["files"]:
+        if not f["name"].endswith(".parquet"):
+            raise SourceError(f"{out}/{f['name']}: only Parquet output can be indexed", str(out))
+        parts.append(_Part(out / f["name"], int(f["rows"]), first))
+        first += int(f["rows"])
+    return parts, job
+
+
+def _batches(part: _Part, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    pf = pq.ParquetFile(part.path)
+    missing = [c for c in columns if c not in pf.schema_arrow.names]
+    if missing:
+        raise SourceError(
+            f"{part.path}: no column {missing[0]!r} (it has {', '.join(pf.schema_arrow.names)}); pass --column",
+            str(part.path),
+        )
+    yield from pf.iter_batches(batch_size=_BATCH, columns=columns)
+
+
+def _matrix(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The rows that are valid vectors of ``dim`` (the first one's when None), as float32,
+    their offsets in ``col``, and a reason for each row that is not (None for valid ones)."""
+    if not (pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type)):
+        raise SourceError(f"the column is {col.type}, not a vector (a list of floats)", "")
+    values = col.to_pylist()
+    keep, rows, reasons = [], [], []
+    for i, v in enumerate(values):
+        reason = ""
+        if v is None:
+            reason = "the vector is null"
+        else:
+            if dim is None:
+                dim = len(v)
+            if len(v) != dim:
+                reason = f"the vector has {len(v)} dimensions, the others {dim}"
+            elif any(x is None for x in v) or not all(math.isfinite(x) for x in v):
+                reason = "the vector holds NaN, infinity or null"
+        reasons.append(reason)
+        if not reason:
+            keep.append(i)
+            rows.append(v)
+    mat = np.asarray(rows, dtype=np.float32).reshape(len(rows), dim or 0)
+    return mat, np.asarray(keep, dtype=np.int64), reasons
+
+
+# -- building -----------------------------------------------------------------------------
+def _faiss() -> Any:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: not news
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - a dev extra
+        raise ConfigError("bulkinfer index needs Faiss: pip install 'bulkinfer[index]' (faiss-cpu)") from exc
+    return faiss
+
+
+def _params(spec: IndexSpec, n: int, dim: int) -> dict[str, int]:
+    if spec.kind == "hnsw":
+        return {
+            "M": spec.hnsw_m or 32,
+            "ef_construction": spec.ef_construction or 80,
+            "ef_search": spec.ef_search or 64,
+        }
+    if spec.kind == "ivf-pq":
+        nlist = spec.nlist or int(min(65536, max(16, 4 * math.sqrt(max(n, 1)))))
+        nlist = min(nlist, max(1, n // 39))  # Faiss wants ~39 training points per list
+        # two dimensions per sub-quantizer: 8x smaller than float32, and a recall that a gate can accept
+        pq_m = spec.pq_m or next(m for m in (dim // 2, dim // 4, dim, 1) if m >= 1 and dim % m == 0)
+        nbits = 8 if n >= 256 * 39 else max(4, int(math.log2(max(n // 39, 16))))
+        return {"nlist": nlist, "pq_m": pq_m, "nbits": nbits, "nprobe": spec.nprobe or min(nlist, max(8, nlist // 8))}
+    return {}
+
+
+def _new_index(spec: IndexSpec, dim: int, params: dict[str, int]) -> Any:
+    faiss = _faiss()
+    metric = faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+    if spec.kind == "flat":
+        return faiss.IndexFlat(dim, metric)
+    if spec.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, params["M"], metric)
+        index.hnsw.efConstruction = params["ef_construction"]
+        index.hnsw.efSearch = params["ef_search"]
+        return index
+    quantizer = faiss.IndexFlat(dim, metric)
+    index = faiss.IndexIVFPQ(quantizer, dim, params["nlist"], params["pq_m"], params["nbits"], metric)
+    index.nprobe = params["nprobe"]
+    return index
+
+
+def _prepare(spec: IndexSpec, mat: np.ndarray) -> np.ndarray:
+    if spec.metric == "cosine" and len(mat):
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        mat = mat / np.where(norms == 0, 1, norms)
+    return np.ascontiguousarray(mat, dtype=np.float32)
+
+
+def build_index(
+    output: str | Path,
+    dest: str | Path,
+    spec: IndexSpec,
+    min_recall: float | None = None,
+    on_rows: Callable[[int, int], None] = lambda done, total: None,
+) -> IndexReport:
+    """Build ``dest`` (and its ``.ids.parquet``, ``.json``) from the finished output ``output``;
+    ``on_rows(done, total)`` follows the add pass (the CLI draws a bar with it)."""
+    faiss = _faiss()
+    out, dest = Path(output).expanduser(), Path(dest).expanduser()
+    parts, job = _parts(out)
+    config = job.get("config", {})
+    id_column = config.get("source", {}).get("id_column")
+    if not id_column:
+        raise SourceError(f"{out}: the run had no source.id_column; an index maps neighbours back to ids", str(out))
+    n_rows = sum(p.rows for p in parts)
+    if n_rows == 0:
+        raise SourceError(f"{out}: the output holds no rows to index", str(out))
+    rng = np.random.default_rng(spec.seed)
+    t0 = time.perf_counter()
+
+    # 1. sample queries (and IVF training vectors) at random positions across the output
+    n_train = min(n_rows, 256 * 64) if spec.kind == "ivf-pq" else 0
+    n_queries = min(spec.queries, n_rows)
+    wanted = np.sort(rng.choice(n_rows, size=max(n_train, n_queries), replace=False))
+    sample, dim = _gather(parts, spec.column, wanted)
+    if dim is None or not len(sample):
+        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+    sample = _prepare(spec, sample)
+    queries = sample[rng.permutation(len(sample))[:n_queries]]
+    params = _params(spec, n_rows, dim)
+    index = _new_index(spec, dim, params)
+    if spec.kind == "ivf-pq":
+        index.train(sample)
+
+    # 2. add every valid vector; keep the exact top-k of the queries as the parts stream by
+    exact = faiss.ResultHeap(len(queries), spec.k, keep_max=spec.metric != "l2")
+    ids: list[pa.Array] = []
+    errors: list[dict[str, Any]] = []
+    added = done = 0
+    for part in parts:
+        offset = 0
+        for batch in _batches(part, [spec.column, id_column]):
+            mat, keep, reasons = _matrix(batch.column(spec.column), dim)
+            for i, why in enumerate(reasons):
+                if why:
+                    errors.append({"file": part.path.name, "row": offset + i, "error": why})
+            mat = _prepare(spec, mat)
+            if len(mat):
+                index.add(mat)
+                ids.append(batch.column(id_column).take(pa.array(keep)))
+                flat = faiss.IndexFlat(dim, faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT)
+                flat.add(mat)
+                dist, lab = flat.search(queries, min(spec.k, len(mat)))
+                exact.add_result(dist, np.where(lab >= 0, lab + added, -1))
+                added += len(mat)
+            offset += batch.num_rows
+            done += batch.num_rows
+            on_rows(done, n_rows)
+    exact.finalize()
+    if added == 0:
+        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+
+    # 3. recall@k against exact search, and the query rate
+    t_q = time.perf_counter()
+    _, found = index.search(queries, spec.k)
+    qps = len(queries) / max(time.perf_counter() - t_q, 1e-9)
+    recall = float(
+        np.mean([len(set(f[f >= 0]) & set(e[e >= 0])) / spec.k for f, e in zip(found, exact.I, strict=True)])
+    )
+    build_s = time.perf_counter() - t0
+    if min_recall is not None and recall < min_recall:
+        raise QualityGateError(
+            f"{dest}: recall@{spec.k} is {recall:.4f}, under --min-recall {min_recall} ({spec.kind}, {params}); "
+            "not written. Raise ef_search / nprobe, or build another kind"
+        )
+
+    # write: index, ids, errors, then the JSON that makes it whole
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    temp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    faiss.write_index(index, str(temp))
+    os.replace(temp, dest)
+    id_table = pa.table({id_column: pa.concat_arrays(ids)})
+    _write_atomic(Path(f"{dest}.ids.parquet"), lambda p: pq.write_table(id_table, p))
+    if errors:
+        _write_atomic(
+            Path(f"{dest}.errors.jsonl"), lambda p: p.write_text("".join(json.dumps(e) + "\n" for e in errors))
+        )
+    report = IndexReport(
+        index=str(dest), kind=spec.kind, metric=spec.metric, dim=dim, vectors=added, rows_failed=len(errors),
+        params=params, recall=round(recall, 4), k=spec.k, queries=len(queries), build_s=round(build_s, 3),
+        index_bytes=dest.stat().st_size, queries_per_s=round(qps, 1),
+    )  # fmt: skip
+    model = config.get("model", {})
+    meta = {
+        "bulkinfer_index": 1,
+        "source": str(out),
+        "job_fingerprint": job.get("fingerprint"),
+        "model": {**job.get("model", {}), "digest": job.get("model_digest"), "name": model.get("name"),
+                  "text_column": model.get("text_column")},
+        "column": spec.column,
+        "id_column": id_column,
+        "report": asdict(report),
+    }  # fmt: skip
+    _write_atomic(Path(f"{dest}.json"), lambda p: p.write_text(json.dumps(meta, indent=1)))
+    return report
+
+
+def _gather(parts: list[_Part], column: str, positions: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """The valid vectors at global ``positions`` (sorted), and the output's dimension."""
+    rows: list[np.ndarray] = []
+    dim: int | None = None
+    for part in parts:
+        lo, hi = np.searchsorted(positions, [part.first, part.first + part.rows])
+        if lo == hi and dim is not None:
+            continue
+        local = positions[lo:hi] - part.first
+        offset = 0
+        for batch in _batches(part, [column]):
+            col = batch.column(column)
+            if dim is None:
+                first = next((v for v in col.to_pylist() if v is not None), None)
+                dim = len(first) if first is not None else None
+            mine = local[(local >= offset) & (local < offset + batch.num_rows)] - offset
+            if len(mine):
+                mat, _, _ = _matrix(col.take(pa.array(mine)), dim)
+                rows.append(mat)
+            offset += batch.num_rows
+    if dim is None:
+        return np.zeros((0, 0), dtype=np.float32), None
+    return (np.vstack(rows) if rows else np.zeros((0, dim), dtype=np.float32)), dim
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(temp)
+        os.replace(temp, path)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write it ({exc.strerror or exc})") from exc

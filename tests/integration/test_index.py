@@ -1,0 +1,134 @@
+"""`bulkinfer index` over a finished output: Faiss flat / HNSW / IVF-PQ, recall against exact
+search, provenance, bad rows kept out of the index, and the gate that refuses a poor index."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bulkinfer import load_config, run_job
+from bulkinfer.errors import QualityGateError, SourceError
+from bulkinfer.index import IndexSpec, build_index
+
+from helpers import cli
+
+MODEL = """
+def embed(table):
+    return {"embedding": table["v"]}
+"""
+N, D = 3000, 32
+
+
+def vectors(n: int = N, d: int = D, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(40, d))
+    return (centers[rng.integers(0, 40, n)] + 0.5 * rng.normal(size=(n, d))).astype(np.float32)
+
+
+@pytest.fixture
+def items(tmp_path, monkeypatch):
+    """A finished output of N vectors with string ids (the model passes the input's vectors through)."""
+    (tmp_path / "vecmodel.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("vecmodel", None)
+
+    def make(rows: list | None = None, name: str = "out") -> tuple:
+        v = vectors()
+        values = rows if rows is not None else [list(x) for x in v]
+        ids = [f"item-{i}" for i in range(len(values))]
+        table = pa.table({"id": ids, "v": pa.array(values, pa.list_(pa.float32()))})
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+        cfg = load_config(overrides={"source.paths": [f"{name}.parquet"], "source.id_column": "id",
+                                     "source.shard_rows": 1000, "model.name": "vecmodel:embed",
+                                     "model.feature_columns": ["v"], "sink.path": name,
+                                     "execution.progress": "none"})  # fmt: skip
+        result = run_job(cfg)
+        return tmp_path / name, ids, v, result
+
+    return make
+
+
+def exact_top(v: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    unit = v / np.linalg.norm(v, axis=1, keepdims=True)
+    qs = q / np.linalg.norm(q, axis=1, keepdims=True)
+    return np.argsort(-(qs @ unit.T), axis=1)[:, :k]
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf-pq"])
+def test_an_index_finds_the_exact_neighbours_and_says_where_it_came_from(items, tmp_path, kind):
+    import faiss
+
+    out, ids, v, result = items()
+    report = build_index(out, tmp_path / "items.index", IndexSpec(kind=kind))
+    assert (report.vectors, report.rows_failed, report.dim, report.queries) == (N, 0, D, 200)
+    floor = {"flat": 1.0, "hnsw": 0.95, "ivf-pq": 0.5}[kind]
+    assert report.recall >= floor
+    index = faiss.read_index(str(tmp_path / "items.index"))
+    stored = pq.read_table(tmp_path / "items.index.ids.parquet")["id"].to_pylist()
+    assert sorted(stored) == sorted(ids)
+    # an independent check of the recorded recall: 50 queries against numpy's exact answer
+    q = v[::60]
+    _, found = index.search(q / np.linalg.norm(q, axis=1, keepdims=True), 10)
+    truth = exact_top(v, q, 10)
+    got = [{stored[j] for j in row} for row in found]
+    want = [{ids[j] for j in row} for row in truth]
+    recall = np.mean([len(g & w) / 10 for g, w in zip(got, want, strict=True)])
+    assert recall >= floor - 0.05
+    meta = json.loads((tmp_path / "items.index.json").read_text())
+    job = json.loads((out / "_bulkinfer" / "job.json").read_text())
+    assert meta["job_fingerprint"] == job["fingerprint"] == result.report["job_fingerprint"]
+    assert meta["model"]["digest"] == job["model_digest"] and meta["model"]["name"] == "vecmodel:embed"
+    assert (meta["column"], meta["id_column"], meta["report"]["metric"]) == ("embedding", "id", "cosine")
+
+
+def test_bad_vectors_are_error_rows_not_index_entries(items, tmp_path):
+    rows = [list(x) for x in vectors(200)]
+    rows[3] = None
+    rows[50] = rows[50][:10]  # another dimension
+    rows[120] = [float("nan")] * D
+    out, ids, _v, _r = items(rows)
+    report = build_index(out, tmp_path / "items.index", IndexSpec(kind="flat", queries=20))
+    assert (report.vectors, report.rows_failed) == (197, 3)
+    errors = [json.loads(x) for x in (tmp_path / "items.index.errors.jsonl").read_text().splitlines()]
+    assert [(e["row"], e["error"]) for e in errors] == [
+        (3, "the vector is null"),
+        (50, f"the vector has 10 dimensions, the others {D}"),
+        (120, "the vector holds NaN, infinity or null"),
+    ]
+    stored = pq.read_table(tmp_path / "items.index.ids.parquet")["id"].to_pylist()
+    assert set(ids) - set(stored) == {"item-3", "item-50", "item-120"}
+
+
+def test_the_recall_gate_refuses_a_poor_index_and_writes_nothing(items, tmp_path):
+    out, *_ = items()
+    with pytest.raises(QualityGateError, match=r"recall@10 is 0\.\d+, under --min-recall 0\.99 \(ivf-pq"):
+        build_index(out, tmp_path / "items.index", IndexSpec(kind="ivf-pq", pq_m=4, nprobe=1), min_recall=0.99)
+    assert not list(tmp_path.glob("items.index*"))
+
+
+def test_the_cli_builds_and_explains_what_it_cannot_index(items, tmp_path):
+    out, *_ = items()
+    proc = cli("index", "out", "-o", "items.index", "--kind", "hnsw", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["vectors"] == N
+    missing = cli("index", "out", "-o", "x.index", "--column", "vector", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert (
+        missing.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "bulkinfer: error: out/part-00000.parquet: no column 'vector' (it has id, embedding); pass --column"
+        )
+    )
+    unfinished = cli("index", "nowhere", "-o", "x.index", cwd=tmp_path)
+    assert unfinished.returncode == 1
+    assert "nowhere: no finished run here (no _SUCCESS)" in unfinished.stderr
+    with pytest.raises(SourceError, match="only Parquet output can be indexed"):
+        (out / "_SUCCESS").write_text(json.dumps({"files": [{"name": "part-00000.csv", "rows": 1}]}))
+        build_index(out, tmp_path / "y.index", IndexSpec())
