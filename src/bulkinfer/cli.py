@@ -104,6 +104,7 @@ def run(
     batch_size: Annotated[int | None, typer.Option(help="Maximum rows per model call.")] = None,
     shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
     limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="kNN models (--model items.index): neighbours per row.")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
     ] = None,
@@ -134,6 +135,7 @@ def run(
         "runtime.batch_size": batch_size,
         "source.shard_rows": shard_rows,
         "execution.limit_rows": limit_rows,
+        "model.options.k": k,
         "execution.overwrite": overwrite or None,
         "execution.repair": repair or None,
         "execution.progress": progress,

@@ -68,8 +68,9 @@ class SourceConfig(_Section):
 class ModelConfig(_Section):
     name: str = ""
     """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
-    a joblib/pickle file of an estimator, an .onnx file, or 'module:attr' naming your own adapter."""
-    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom"] = "auto"
+    a joblib/pickle file of an estimator, an .onnx file, an index written by `bulkinfer index` (kNN: top-k
+    neighbours per row), or 'module:attr' naming your own adapter."""
+    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn"] = "auto"
     """Adapter family; 'auto' infers it from the model name."""
     text_column: str | None = None
     """Column holding the text to embed (text models)."""

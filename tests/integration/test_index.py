@@ -132,3 +132,54 @@ def test_the_cli_builds_and_explains_what_it_cannot_index(items, tmp_path):
     with pytest.raises(SourceError, match="only Parquet output can be indexed"):
         (out / "_SUCCESS").write_text(json.dumps({"files": [{"name": "part-00000.csv", "rows": 1}]}))
         build_index(out, tmp_path / "y.index", IndexSpec())
+
+
+# -- kNN as a model ------------------------------------------------------------------------
+def test_knn_job_writes_the_exact_top_k_without_the_row_itself_or_what_it_has_seen(items, tmp_path):
+    out, ids, v, _ = items()
+    build_index(out, tmp_path / "items.index", IndexSpec(kind="flat"))
+    rng = np.random.default_rng(3)
+    q = np.arange(0, N, 7)  # the items themselves as queries: their own id must not come back
+    seen = [[ids[j] for j in rng.integers(0, N, 4)] for _ in q]
+    per_row_k = [int(x) for x in rng.integers(1, 9, len(q))]
+    queries = pa.table({"id": [ids[i] for i in q], "vec": pa.array([list(v[i]) for i in q], pa.list_(pa.float32())),
+                        "seen": seen, "want": per_row_k})  # fmt: skip
+    pq.write_table(queries, tmp_path / "queries.parquet")
+    proc = cli("run", "-i", "queries.parquet", "-m", "items.index", "--feature-columns", "vec", "--id-column", "id",
+               "-o", "knn", "--k", "8", "--set", "model.options={exclude_column = 'seen', k_column = 'want'}",
+               "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(tmp_path / "knn", format="parquet").to_table().sort_by("id")
+    rows = {r["id"]: r for r in table.to_pylist()}
+    truth = exact_top(v, v[q], 20)
+    for n, i in enumerate(q):
+        drop = {ids[i], *seen[n]}
+        want = [ids[j] for j in truth[n] if ids[j] not in drop][: per_row_k[n]]
+        r = rows[ids[i]]
+        assert r["neighbors"] == want, (ids[i], r["neighbors"], want)
+        assert len(r["scores"]) == len(want) and r["scores"] == sorted(r["scores"], reverse=True)
+
+
+def test_knn_refuses_queries_it_cannot_answer_with_one_line(items, tmp_path):
+    out, *_ = items()
+    build_index(out, tmp_path / "items.index", IndexSpec(kind="flat", queries=20))
+    small = pa.table({"id": ["q"], "vec": pa.array([[0.5] * 16], pa.list_(pa.float32()))})
+    pq.write_table(small, tmp_path / "q16.parquet")
+    base = ["run", "-i", "q16.parquet", "--feature-columns", "vec", "--id-column", "id", "--progress", "none"]
+    proc = cli(*base, "-m", "items.index", "-o", "k1", "--set", "execution.max_error_rate=0", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "vec: query vectors of 16 dimensions; " in proc.stderr
+    assert "items.index holds 32-dimensional ones" in proc.stderr
+    proc = cli(*base, "-m", "items.index", "-o", "k2", "--set", "model.options={metric = 'l2'}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"bulkinfer: error: model.options.metric: {tmp_path / 'items.index'} was built for cosine similarity, "
+        "not l2; build another index with --metric"
+    )
+    proc = cli(*base, "-m", "nothere.index", "-o", "k3", cwd=tmp_path)
+    assert proc.returncode == 1 and "model 'nothere.index': no such file or directory" in proc.stderr
+    (tmp_path / "lonely.index").write_bytes((tmp_path / "items.index").read_bytes())
+    proc = cli(*base, "-m", "lonely.index", "--set", "model.kind='knn'", "-o", "k4", cwd=tmp_path)
+    assert proc.returncode == 1 and "not an index written by bulkinfer index (no lonely.index.json" in proc.stderr

@@ -96,12 +96,18 @@ def _custom_digest(spec: str) -> str:
 
 def resolve_model(cfg: JobConfig) -> ResolvedModel:
     """Decide the adapter family from ``model.name`` and ``model.kind``."""
+    from .knn import is_index
     from .tabular import TABULAR_SUFFIXES
     from .text import is_sentence_transformers_dir
 
     name, kind = cfg.model.name, cfg.model.kind
     path = _alias_path(name) or Path(name).expanduser()
     if path.exists():
+        if kind in ("auto", "knn") and is_index(path):  # the index and the provenance that says what it holds
+            digest = hashlib.sha256((_digest_path(path) + _digest_path(Path(f"{path}.json"))).encode())
+            return ResolvedModel("knn", str(path.resolve()), digest.hexdigest()[:32])
+        if kind == "knn":
+            raise ModelError(f"model {name!r}: not an index written by bulkinfer index (no {path}.json beside it)")
         if kind == "auto":
             if is_sentence_transformers_dir(path):
                 kind = "text-embedding"
@@ -137,6 +143,10 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             model_digest=model.digest,
             cache_dir=cfg.runtime.cache_dir,
         )
+    if model.kind == "knn":
+        from .knn import KnnAdapter
+
+        return KnnAdapter(model.location, cfg)
     if cfg.runtime.precision != "fp32":
         raise ConfigError(
             f"runtime.precision: {cfg.runtime.precision} applies to text models; "
