@@ -7,7 +7,7 @@ DEMO   := demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo demo-recommend test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ demo: $(STAMP)
 	$(VENV)/bin/bulkinfer inspect $(DEMO)/embeddings
 	@echo "results: $(DEMO)/embeddings/part-*.parquet (manifest: $(DEMO)/embeddings/_SUCCESS, report: $(DEMO)/embeddings/_bulkinfer/report.json)"
 
+demo-recommend: $(STAMP)
+	$(PY) examples/recommend/demo.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
@@ -35,6 +38,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_run.py 5000 --repeat 3
 	$(PY) bench/bench_tabular.py 1000000 --repeat 3
 	$(PY) bench/bench_serve.py
+	$(PY) bench/bench_exports.py 20000 --job-rows 2000
+	$(PY) bench/bench_index.py 50000 20000
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -264,6 +264,7 @@ def serve(
     id_column: Annotated[str | None, typer.Option(help="Row id column, echoed in answers when sent.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000; 0: any free port).")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="kNN models: the most neighbours a search returns.")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set serve.max_batch_size=32.")
     ] = None,
@@ -278,6 +279,7 @@ def serve(
         "source.id_column": id_column,
         "serve.host": host,
         "serve.port": port,
+        "model.options.k": k,
     }
     from .serve import serve as run_server
 

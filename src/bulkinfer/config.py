@@ -199,6 +199,9 @@ class ServeConfig(_Section):
     """A request body larger than this gets 413."""
     api_keys_file: str | None = None
     """File with one API key per line; when set, requests need `Authorization: Bearer <key>`."""
+    reload_s: float = Field(default=10.0, ge=0)
+    """How often to look for a newer index (a kNN model) or a newer finished run (serve.results), and swap
+    it in without dropping requests (0: never)."""
     results: str | None = None
     """GET /v1/results/{id} answers from: a finished Parquet run's folder, or redis://... (the current
     snapshot of the job's versioned [[export]] kind = "redis")."""

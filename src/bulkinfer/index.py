@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError, QualityGateError, SourceError
@@ -131,6 +132,17 @@ def _matrix(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, lis
     their offsets in ``col``, and a reason for each row that is not (None for valid ones)."""
     if not (pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type)):
         raise SourceError(f"the column is {col.type}, not a vector (a list of floats)", "")
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if len(col) and not col.null_count and not col.values.null_count:  # the usual case, without Python
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        width = dim if dim is not None else int(lengths[0])
+        if (lengths == width).all():
+            flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+            mat = flat.reshape(len(col), width)
+            finite = np.isfinite(mat).all(axis=1)
+            if finite.all():
+                return mat, np.arange(len(col), dtype=np.int64), [""] * len(col)
     values = col.to_pylist()
     keep, rows, reasons = [], [], []
     for i, v in enumerate(values):

@@ -286,3 +286,41 @@ key = "snap{tag}:{{id}}"
         assert again.json()["row"]["embedding"] == [14.0, -14.0]
     finally:
         server.stop()
+
+
+def test_search_embeds_the_text_like_the_index_and_swaps_in_a_rebuilt_index(tmp_path):
+    """An index over the catalog's minilm embeddings; the server embeds a query text with the
+    same model and answers from the index; a rebuild (fewer items) is swapped in live."""
+    import json as _json
+
+    write(make_catalog(40, seed=11), tmp_path / "c.parquet")
+    write(make_catalog(40, seed=11).slice(0, 15), tmp_path / "c15.parquet")
+    for src, out in (("c.parquet", "emb"), ("c15.parquet", "emb15")):
+        cli("run", "-i", src, "-m", "minilm", "--text-column", "description", "--id-column", "id", "-o", out,
+            "--progress", "none", cwd=tmp_path, check=True)  # fmt: skip
+    cli("index", "emb", "-o", "items.index", "--kind", "flat", cwd=tmp_path, check=True)
+    catalog = make_catalog(40, seed=11)
+    server = Server(["-m", "items.index", "--text-column", "description", "--k", "5",
+                     "--set", "serve.reload_s=0.3"], tmp_path)  # fmt: skip
+    try:
+        text = catalog["description"][30].as_py()
+        r = _post(f"{server.url}/v1/search", {"query": text, "k": 3}, key=None)
+        assert r.status_code == 200, r.text
+        (hit,) = r.json()["results"]
+        assert hit["ids"][0] == 30 and len(hit["ids"]) == 3 and hit["scores"][0] == pytest.approx(1.0, abs=1e-4)
+        r = _post(f"{server.url}/v1/search", {"queries": [text], "k": 3, "exclude": [30]}, key=None)
+        assert 30 not in r.json()["results"][0]["ids"] and len(r.json()["results"][0]["ids"]) == 3
+        bad = _post(f"{server.url}/v1/search", {"query": text, "k": 50}, key=None)
+        assert bad.status_code == 422 and "k: expected a whole number from 1 to 5" in bad.json()["error"]["message"]
+        # a rebuilt index over 15 items replaces the file; the server swaps it in without a restart
+        cli("index", "emb15", "-o", "items.index", "--kind", "flat", cwd=tmp_path, check=True)
+        deadline = time.monotonic() + 30
+        while True:
+            ids = _post(f"{server.url}/v1/search", {"query": text, "k": 5}, key=None).json()["results"][0]["ids"]
+            if max(ids) < 15 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert max(ids) < 15 and len(ids) == 5
+        assert _json.loads((tmp_path / "items.index.json").read_text())["report"]["vectors"] == 15
+    finally:
+        server.stop()

@@ -13,6 +13,7 @@ to leave out: what the user has already seen), ``k_column`` (a per-row k, at mos
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,10 @@ from .base import Adapter, SetupContext, predict_table
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["KnnAdapter", "is_index"]
+__all__ = ["ONLINE_EXCLUDE", "ONLINE_K", "KnnAdapter", "is_index"]
+
+ONLINE_EXCLUDE, ONLINE_K = "_exclude", "_k"
+"""Columns ``POST /v1/search`` adds to its rows: ids to leave out and k, per request."""
 
 
 def is_index(path: Path) -> bool:
@@ -61,6 +65,7 @@ class KnnAdapter(Adapter):
         self.exclude_column: str | None = opts.get("exclude_column")
         self.k_column: str | None = opts.get("k_column")
         self.text: Adapter | None = None
+        self.text_batch = cfg.runtime.batch_size if isinstance(cfg.runtime.batch_size, int) else 16
         if cfg.model.text_column:
             self.text = self._text_model(cfg)
             query = [cfg.model.text_column]
@@ -74,8 +79,8 @@ class KnnAdapter(Adapter):
         self.query_column = query[0]
         extra = [c for c in (self.self_column, self.exclude_column, self.k_column) if c]
         self.input_columns = tuple(dict.fromkeys([*query, *extra]))
-        self.index: Any = None
-        self.ids: pa.Array | None = None
+        self._loaded: tuple[Any, pa.Array] | None = None  # (index, ids), swapped as one by reload()
+        self._stamp = 0.0
 
     def _text_model(self, cfg: JobConfig) -> Adapter:
         from . import _digest_path
@@ -105,17 +110,38 @@ class KnnAdapter(Adapter):
     def setup(self, ctx: SetupContext) -> None:
         from ..index import _faiss
 
-        faiss = _faiss()
-        faiss.omp_set_num_threads(max(1, ctx.threads))
-        try:
-            self.index = faiss.read_index(str(self.path))
-        except RuntimeError as exc:
-            raise ModelError(f"{self.path}: not a readable Faiss index ({' '.join(str(exc).split())[:200]})") from exc
-        self.ids = pq.read_table(f"{self.path}.ids.parquet").column(0).combine_chunks()
-        if self.index.ntotal != len(self.ids):
-            raise ModelError(f"{self.path}: {self.index.ntotal} vectors but {len(self.ids)} ids; rebuild the index")
+        _faiss().omp_set_num_threads(max(1, ctx.threads))
+        self._loaded, self._stamp = self._load()
         if self.text is not None:
             self.text.setup(ctx)
+
+    @property
+    def ids(self) -> pa.Array | None:
+        return self._loaded[1] if self._loaded else None
+
+    def _load(self) -> tuple[tuple[Any, pa.Array], float]:
+        from ..index import _faiss
+
+        stamp = Path(f"{self.path}.json").stat().st_mtime  # the JSON is written last: a whole index is there
+        try:
+            index = _faiss().read_index(str(self.path))
+        except RuntimeError as exc:
+            raise ModelError(f"{self.path}: not a readable Faiss index ({' '.join(str(exc).split())[:200]})") from exc
+        ids = pq.read_table(f"{self.path}.ids.parquet").column(0).combine_chunks()
+        if index.ntotal != len(ids):
+            raise ModelError(f"{self.path}: {index.ntotal} vectors but {len(ids)} ids; rebuild the index")
+        return (index, ids), stamp
+
+    def reload(self) -> bool:
+        """Load the index again if a new build replaced it (``bulkinfer serve`` polls this): the new
+        one is read completely, then swapped in, so requests in flight finish on the old one."""
+        if Path(f"{self.path}.json").stat().st_mtime == self._stamp:
+            return False
+        meta = json.loads(Path(f"{self.path}.json").read_text())
+        if (meta["report"]["metric"], int(meta["report"]["dim"])) != (self.metric, self.dim):
+            raise ModelError(f"{self.path}: the new index has another metric or dimension; restart the server")
+        self._loaded, self._stamp = self._load()
+        return True
 
     def preprocess(self, table: pa.Table) -> pa.Table:
         return table
@@ -128,35 +154,39 @@ class KnnAdapter(Adapter):
 
     def _queries(self, table: pa.Table) -> np.ndarray:
         if self.text is not None:
-            col = predict_table(self.text, table, batch_size=max(1, table.num_rows))["embedding"]
+            col = predict_table(self.text, table, batch_size=self.text_batch)["embedding"]
         else:
             col = table.column(self.query_column).combine_chunks()
-        if col.null_count:
-            raise ModelError(f"{self.query_column}: a query vector is null")
-        width = len(col[0].as_py()) if len(col) else self.dim
-        mat = np.asarray(col.to_pylist(), dtype=np.float32) if len(col) else np.zeros((0, self.dim), np.float32)
-        if mat.ndim != 2 or width != self.dim:
+        from ..index import _matrix
+
+        mat, keep, reasons = _matrix(col, None)
+        if len(keep) != len(col):
+            raise ModelError(f"{self.query_column}: {next(r for r in reasons if r)} (a query)")
+        if len(col) and mat.shape[1] != self.dim:
             raise ModelError(
-                f"{self.query_column}: query vectors of {width} dimensions; "
+                f"{self.query_column}: query vectors of {mat.shape[1]} dimensions; "
                 f"{self.path} holds {self.dim}-dimensional ones"
             )
-        if not np.isfinite(mat).all():
-            raise ModelError(f"{self.query_column}: a query vector holds NaN or infinity")
         if self.metric == "cosine":
             norms = np.linalg.norm(mat, axis=1, keepdims=True)
             mat = (mat / np.where(norms == 0, 1, norms)).astype(np.float32)
         return np.ascontiguousarray(mat)
 
     def predict(self, batch: pa.Table) -> dict[str, Any]:
-        assert self.ids is not None
+        assert self._loaded is not None
+        index, all_ids = self._loaded
         queries = self._queries(batch)
         n = batch.num_rows
-        own = batch.column(self.self_column).to_pylist() if self.self_column else [None] * n
-        seen = batch.column(self.exclude_column).to_pylist() if self.exclude_column else [None] * n
-        ks = batch.column(self.k_column).to_pylist() if self.k_column else [self.k] * n
+        own = self._values(batch, self.self_column, None)
+        seen = [(a or []) + (b or []) for a, b in zip(
+            self._values(batch, self.exclude_column, None), self._values(batch, ONLINE_EXCLUDE, None), strict=True
+        )]  # fmt: skip
+        ks = [o if o is not None else r for o, r in zip(
+            self._values(batch, ONLINE_K, None), self._values(batch, self.k_column, self.k), strict=True
+        )]  # fmt: skip
         extra = (1 if self.self_column else 0) + max((len(s or []) for s in seen), default=0)
-        scores, labels = self.index.search(queries, min(self.k + extra, self.index.ntotal))
-        ids = self.ids.take(pa.array(np.where(labels >= 0, labels, 0).ravel())).to_pylist()
+        scores, labels = index.search(queries, min(self.k + extra, index.ntotal))
+        ids = all_ids.take(pa.array(np.where(labels >= 0, labels, 0).ravel())).to_pylist()
         width = labels.shape[1]
         neighbors, kept_scores = [], []
         for r in range(n):
@@ -178,9 +208,15 @@ class KnnAdapter(Adapter):
             neighbors.append(row_ids)
             kept_scores.append(row_scores)
         return {
-            "neighbors": pa.array(neighbors, pa.list_(self.ids.type)),
+            "neighbors": pa.array(neighbors, pa.list_(all_ids.type)),
             "scores": pa.array(kept_scores, pa.list_(pa.float32())),
         }
+
+    @staticmethod
+    def _values(batch: pa.Table, column: str | None, default: Any) -> list[Any]:
+        if column is None or column not in batch.column_names:
+            return [default] * batch.num_rows
+        return [default if v is None else v for v in batch.column(column).to_pylist()]
 
     def close(self) -> None:
         if self.text is not None:

@@ -64,6 +64,24 @@ class Server:
     def start(self) -> None:
         """Set the model up in the background; /readyz turns 200 when it is loaded."""
         threading.Thread(target=self._setup, name="bulkinfer-setup", daemon=True).start()
+        if self.sv.reload_s > 0:
+            threading.Thread(target=self._watch, name="bulkinfer-reload", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Swap in a newer index or finished run: built aside, then one assignment, so requests in
+        flight finish on the old one and none is dropped."""
+        while True:
+            time.sleep(self.sv.reload_s)
+            try:
+                reload = getattr(self.adapter, "reload", None)
+                if self.batcher is not None and reload is not None and reload():
+                    log.info("swapped in the new index %s", self.name)
+                newer = self.results.newer() if isinstance(self.results, ResultIndex) else None
+                if newer is not None:
+                    self.results = newer
+                    log.info("swapped in the newer results: %s", newer.describe())
+            except BulkinferError as exc:  # keep answering from what is loaded
+                log.error("could not swap in the new version: %s", exc)
 
     def _setup(self) -> None:
         rt = self.cfg.runtime
@@ -168,6 +186,11 @@ def build_app(cfg: JobConfig) -> Starlette:
     async def embeddings(request: Request) -> Response:
         return await openai.embeddings(server, request)
 
+    async def search_route(request: Request) -> Response:
+        from .search import search
+
+        return await search(server, request)
+
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -220,6 +243,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         Route("/v1/predict", guarded("predict", predict), methods=["POST"]),
         Route("/v1/embeddings", guarded("embeddings", embeddings), methods=["POST"]),
         Route("/v1/results/{id:path}", guarded("results", results), methods=["GET"]),
+        Route("/v1/search", guarded("search", search_route), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

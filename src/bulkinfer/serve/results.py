@@ -37,6 +37,7 @@ class ResultIndex:
             raise ConfigError(
                 f"serve.results: {self.out_dir} holds no finished run (no _SUCCESS); finish the run first"
             )
+        self.stamp = manifest.stat().st_mtime
         files = [f["name"] for f in json.loads(manifest.read_text())["files"]]
         if any(not name.endswith(".parquet") for name in files):
             raise ConfigError(
@@ -67,6 +68,13 @@ class ResultIndex:
 
     def __len__(self) -> int:
         return len(self.sorted_ids)
+
+    def newer(self) -> ResultIndex | None:
+        """The same folder indexed again if a later run finished there since, else None."""
+        manifest = self.out_dir / "_SUCCESS"
+        if not manifest.is_file() or manifest.stat().st_mtime == self.stamp:
+            return None
+        return ResultIndex(self.out_dir, self.id_column)
 
     def describe(self) -> str:
         return f"the {len(self)} precomputed rows of {self.out_dir}"

@@ -1,0 +1,163 @@
+"""Index build and top-k as a job, against plain Faiss scripts on the same vectors, one run.
+
+Usage: .venv/bin/python bench/bench_index.py [ITEMS] [QUERIES] [--dim D]
+
+- Items: ITEMS clustered float32 vectors (default 50,000 x 384), written as a finished
+  bulkinfer output (a pass-through model, so no model is timed).
+- Build: a plain script (read every part into memory, normalise, ``IndexHNSWFlat`` /
+  ``IndexIVFPQ`` with the same parameters, ``add``) against ``bulkinfer index`` (streamed,
+  plus the recall check and provenance). Both indexes are checked for recall@10 against
+  exact search on the same 200 queries, and timed on them (queries/s).
+- Top-k: QUERIES query vectors (default 20,000), k = 50 from the HNSW index: a plain
+  "loop over batches of 1,024, ``index.search``, write Parquet" script against
+  ``bulkinfer run -m items.index``; rows/s and recall@10 against exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench")]
+
+from machine import describe  # noqa: E402
+
+MODEL = "def passthrough(table):\n    return {'embedding': table['v']}\n"
+
+
+def clustered(n: int, d: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(max(16, n // 200), d))
+    return (centers[rng.integers(0, len(centers), n)] + 0.6 * rng.normal(size=(n, d))).astype(np.float32)
+
+
+def as_table(ids: np.ndarray, v: np.ndarray) -> pa.Table:
+    return pa.table({"id": ids, "v": pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), v.shape[1])})
+
+
+def unit(m: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(m / np.linalg.norm(m, axis=1, keepdims=True), dtype=np.float32)
+
+
+def recall(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
+    return float(np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)]))
+
+
+def bulkinfer(*args: str, cwd: Path) -> None:
+    subprocess.run([sys.executable, "-m", "bulkinfer", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def plain_build(out: Path, kind: str, params: dict[str, int]) -> tuple[object, float]:
+    import faiss
+
+    t0 = time.perf_counter()
+    table = pads.dataset(out, format="parquet", exclude_invalid_files=True).to_table(columns=["embedding"])
+    col = table.column("embedding").combine_chunks()
+    m = unit(col.flatten().to_numpy().reshape(len(col), -1))
+    d = m.shape[1]
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, params["M"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = params["ef_construction"]
+        index.hnsw.efSearch = params["ef_search"]
+    else:
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, params["nlist"], params["pq_m"], params["nbits"],
+                                 faiss.METRIC_INNER_PRODUCT)  # fmt: skip
+        sample = m[np.random.default_rng(0).choice(len(m), min(len(m), 256 * 64), replace=False)]
+        index.train(sample)
+        index.nprobe = params["nprobe"]
+    index.add(m)
+    return index, time.perf_counter() - t0
+
+
+def main() -> None:
+    import faiss
+
+    from bulkinfer.index import IndexSpec, build_index
+
+    p = argparse.ArgumentParser()
+    p.add_argument("items", nargs="?", type=int, default=50_000)
+    p.add_argument("queries", nargs="?", type=int, default=20_000)
+    p.add_argument("--dim", type=int, default=384)
+    a = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-index-"))
+    try:
+        items = clustered(a.items, a.dim, 0)
+        pq.write_table(as_table(np.arange(a.items), items), work / "items.parquet", row_group_size=10_000)
+        (work / "passthrough.py").write_text(MODEL)
+        bulkinfer("run", "-i", "items.parquet", "-m", "passthrough:passthrough", "--feature-columns", "v",
+                  "--id-column", "id", "-o", "items", "--shard-rows", "10000", "--progress", "none",
+                  cwd=work)  # fmt: skip
+        probe = unit(items[np.random.default_rng(9).choice(a.items, 200, replace=False)])
+        exact = faiss.IndexFlatIP(a.dim)
+        exact.add(unit(items))
+        _, truth = exact.search(probe, 10)
+        print(f"{describe()}; {a.items} items x {a.dim} dims, faiss {faiss.__version__}")
+        print(f"{'build':28s} {'plain s':>8s} {'bulkinfer s':>12s} {'ratio':>6s} {'recall plain/ours':>18s} "
+              f"{'q/s plain/ours':>16s}")  # fmt: skip
+        for kind in ("hnsw", "ivf-pq"):
+            t0 = time.perf_counter()
+            report = build_index(work / "items", work / f"{kind}.index", IndexSpec(kind=kind))  # type: ignore[arg-type]
+            ours_s = time.perf_counter() - t0
+            plain, plain_s = plain_build(work / "items", kind, report.params)
+            ours = faiss.read_index(str(work / f"{kind}.index"))
+            ids = pq.read_table(work / f"{kind}.index.ids.parquet")["id"].to_numpy()
+            rates, recalls = [], []
+            for index, mapping in ((plain, None), (ours, ids)):
+                t1 = time.perf_counter()
+                _, found = index.search(probe, 10)
+                rates.append(len(probe) / (time.perf_counter() - t1))
+                recalls.append(recall(found if mapping is None else mapping[found], truth))
+            print(f"{kind + ' ' + str(report.params):28.28s} {plain_s:8.2f} {ours_s:12.2f} {ours_s / plain_s:6.2f} "
+                  f"{recalls[0]:8.3f}/{recalls[1]:.3f} {rates[0]:8.0f}/{rates[1]:.0f}")  # fmt: skip
+
+        # top-k as a job, k = 50, from the HNSW index
+        queries = clustered(a.queries, a.dim, 1)
+        pq.write_table(as_table(np.arange(a.queries), queries), work / "queries.parquet", row_group_size=10_000)
+
+        def plain_topk() -> None:
+            index = faiss.read_index(str(work / "hnsw.index"))  # a script loads the index too
+            ids = pq.read_table(work / "hnsw.index.ids.parquet")["id"].to_numpy()
+            writer = None
+            for batch in pq.ParquetFile(work / "queries.parquet").iter_batches(batch_size=1024):
+                col = batch.column("v")
+                q = unit(col.flatten().to_numpy().reshape(len(col), -1))
+                scores, labels = index.search(q, 50)
+                neighbors, kept = pa.array(list(ids[labels])), pa.array(list(scores))
+                out = pa.table({"id": batch.column("id"), "neighbors": neighbors, "scores": kept})
+                writer = writer or pq.ParquetWriter(work / "plain-topk.parquet", out.schema)
+                writer.write_table(out)
+            assert writer is not None
+            writer.close()
+
+        t0 = time.perf_counter()
+        plain_topk()
+        plain_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        bulkinfer("run", "-i", "queries.parquet", "-m", "hnsw.index", "--feature-columns", "v", "--id-column", "id",
+                  "-o", "topk", "--k", "50", "--set", "model.options={exclude_self = false}", "--progress", "none",
+                  cwd=work)  # fmt: skip
+        ours_s = time.perf_counter() - t0
+        got = pads.dataset(work / "topk", format="parquet", exclude_invalid_files=True).to_table().sort_by("id")
+        sample = np.random.default_rng(3).choice(a.queries, 200, replace=False)
+        _, qtruth = exact.search(unit(queries[sample]), 10)
+        found = np.array([got["neighbors"][int(i)].as_py()[:10] for i in sample])
+        print(f"top-50 job, {a.queries} queries: plain script {a.queries / plain_s:,.0f} rows/s | bulkinfer "
+              f"{a.queries / ours_s:,.0f} rows/s (its process start included) | "
+              f"{plain_s / ours_s:.2f}x; recall@10 {recall(found, qtruth):.3f}")  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

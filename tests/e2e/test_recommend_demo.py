@@ -1,0 +1,37 @@
+"""`make demo-recommend` (examples/recommend/demo.py) on a small scale: items embedded,
+indexed, every user's candidates computed with history excluded, then served."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as pads
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_recommendation_demo_runs_end_to_end(tmp_path):
+    work = tmp_path / "rec"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "recommend" / "demo.py"), "--items", "120", "--users", "30",
+         "--workdir", str(work)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    recall = float(re.search(r"recall@10 ([0-9.]+)", out).group(1))
+    assert recall >= 0.9
+    cands = pads.dataset(work / "candidates", format="parquet").to_table()
+    users = pads.dataset(work / "users.parquet", format="parquet").to_table()
+    assert cands.num_rows == 30 and sorted(cands["user_id"].to_pylist()) == sorted(users["user_id"].to_pylist())
+    history = dict(zip(users["user_id"].to_pylist(), users["history"].to_pylist(), strict=True))
+    for row in cands.to_pylist():
+        assert len(row["neighbors"]) == 50 and not set(row["neighbors"]) & set(history[row["user_id"]])
+    lookup = re.search(r"\$ curl -s http://\S+/v1/results/(\S+)\n(.*)", out)
+    assert re.search(r'"answered_by":\s*"precomputed"', lookup.group(2)) and lookup.group(1) in lookup.group(2)
+    search = json.loads(out.split("/v1/search", 1)[1].split("\n", 1)[1].splitlines()[0])
+    assert len(search["results"][0]["ids"]) == 5
