@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(PY) bench/bench_run.py 5000 --repeat 3

@@ -78,8 +78,9 @@ class _Timed(Adapter):
 
 def test_call_overhead_is_measured_in_tokens():
     sample = pa.table({"text": ["a b c d"] * 16})
-    # one call costs 20 ms, a token 1 ms: a call is worth 20 tokens
-    assert 15 < measure_call_overhead(_Timed(0.020, 0.001), sample, repeats=3) < 25
+    # one call costs 20 ms, a token 1 ms: a call is worth 20 tokens (the bounds allow for a busy
+    # 2-core machine: the suite runs two test processes, and a late wake-up lengthens a sleep)
+    assert 12 < measure_call_overhead(_Timed(0.020, 0.001), sample, repeats=3) < 32
     # a bigger call costs nothing more (a GPU's regime): merge everything
     assert measure_call_overhead(_Timed(0.010, 0.0), sample, repeats=3) == 1e6
     # without per-row costs there is nothing to cut by
