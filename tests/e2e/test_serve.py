@@ -233,7 +233,7 @@ import numpy as np
 
 def embed(table):
     x = np.asarray(table.column("x").to_pylist(), dtype=np.float32)
-    return {"embedding": np.stack([x, -x], axis=1), "score": x / 1000.0}
+    return {"embedding": np.stack([x, -x], axis=1), "score": x / 1000.0, "tags": [[int(v), int(v) + 1] for v in x]}
 """
 
 
@@ -269,7 +269,8 @@ key = "snap{tag}:{{id}}"
         r = httpx.get(f"{server.url}/v1/results/7")
         assert r.status_code == 200, r.text
         assert r.json() == {"id": "7", "answered_by": "precomputed",
-                            "row": {"id": 7, "embedding": [7.0, -7.0], "score": pytest.approx(0.007)}}  # fmt: skip
+                            "row": {"id": 7, "embedding": [7.0, -7.0], "score": pytest.approx(0.007),
+                                    "tags": [7, 8]}}  # fmt: skip
         first = redis_server.client().get(f"snap{tag}:current").decode()
         missing = httpx.get(f"{server.url}/v1/results/4000")
         assert missing.status_code == 404
@@ -278,7 +279,8 @@ key = "snap{tag}:{{id}}"
         )
         live = httpx.get(f"{server.url}/v1/results/4000", params={"fallback": "live", "x": "5"})
         assert live.status_code == 200 and live.json()["answered_by"] == "live"
-        assert live.json()["row"] == {"id": 4000, "embedding": [5.0, -5.0], "score": pytest.approx(0.005)}
+        assert live.json()["row"] == {"id": 4000, "embedding": [5.0, -5.0], "score": pytest.approx(0.005),
+                                      "tags": [5, 6]}  # fmt: skip
         # another run (other inputs: another version) publishes a new snapshot; the server follows it
         cli("run", "job.toml", "-i", "in2.parquet", "-o", "out2", "--progress", "none", cwd=tmp_path, check=True)
         assert redis_server.client().get(f"snap{tag}:current").decode() != first

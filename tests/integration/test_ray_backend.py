@@ -260,3 +260,29 @@ def test_ray_workers_write_to_an_object_store(tmp_path, local_ray, user_module, 
     got = pa.concat_tables([pq.read_table(pa.BufferReader(s3_server.get(bucket, k))) for k in parts])
     assert sorted(got["id"].to_pylist()) == list(range(300))
     assert got.sort_by("id")["y"].to_pylist() == [2 * i for i in range(300)]
+
+
+def test_a_knn_job_on_ray_equals_the_local_one(tmp_path, local_ray, user_module):
+    """The index is the model: each worker loads it once (in setup) and answers its shards."""
+    from bulkinfer.index import IndexSpec, build_index
+
+    rng = np.random.default_rng(4)
+    v = rng.normal(size=(600, 16)).astype(np.float32)
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 16)
+    (tmp_path / f"{user_module}_pass.py").write_text("def embed(t):\n    return {'embedding': t['v']}\n")
+    write(pa.table({"id": np.arange(600), "v": vec}), tmp_path / "items.parquet")
+    run_job(_cfg(tmp_path / "items", [tmp_path / "items.parquet"],
+                 **{"model.name": f"{user_module}_pass:embed", "model.feature_columns": ["v"]}))  # fmt: skip
+    build_index(tmp_path / "items", tmp_path / "items.index", IndexSpec(kind="flat", queries=20))
+    write(pa.table({"id": np.arange(0, 600, 3), "v": vec.take(pa.array(np.arange(0, 600, 3)))}), tmp_path / "q.parquet")
+    common = {"model.name": str(tmp_path / "items.index"), "model.feature_columns": ["v"],
+              "model.options": {"k": 7}, "source.shard_rows": 50}  # fmt: skip
+    run_job(_cfg(tmp_path / "local", [tmp_path / "q.parquet"], **common))
+    result = run_job(_cfg(tmp_path / "ray", [tmp_path / "q.parquet"], **common,
+                          **{"execution.backend": "ray", "execution.workers": 2}))  # fmt: skip
+    assert result.report["backend"]["name"] == "ray" and result.report["rows_out"] == 200
+    local, on_ray = read_output(tmp_path / "local").sort_by("id"), read_output(tmp_path / "ray").sort_by("id")
+    assert on_ray["neighbors"].to_pylist() == local["neighbors"].to_pylist()
+    assert all(
+        len(n) == 7 and i not in n for i, n in zip(local["id"].to_pylist(), local["neighbors"].to_pylist(), strict=True)
+    )

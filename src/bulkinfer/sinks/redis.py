@@ -214,7 +214,7 @@ def connect(url: str, name: str) -> tuple[Any, tuple[type[BaseException], ...], 
 
 
 def column_kind(col: pa.ChunkedArray) -> str:
-    """How a column's Redis values decode: vector, int, float, bool, or text."""
+    """How a column's Redis values decode: vector, int, float, bool, json (other nested values), or text."""
     t = col.type
     if is_vector(col):
         return "vector"
@@ -224,6 +224,8 @@ def column_kind(col: pa.ChunkedArray) -> str:
         return "float"
     if pa.types.is_boolean(t):
         return "bool"
+    if pa.types.is_nested(t):  # lists of ids, structs: written as JSON
+        return "json"
     return "text"
 
 
@@ -240,6 +242,8 @@ def decode_value(kind: str, raw: bytes) -> Any:
         return float(text)
     if kind == "bool":
         return text == "1"
+    if kind == "json":
+        return orjson.loads(raw)
     return text
 
 
