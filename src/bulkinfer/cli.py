@@ -171,6 +171,12 @@ def run(
         + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
         + f"; report: {result.output}/_bulkinfer/report.json"
     )
+    if "index" in r:
+        ix = r["index"]
+        typer.echo(
+            f"index: {ix['index']} ({ix['kind']}, {ix['vectors']} vectors), recall@{ix['k']} {ix['recall']:.4f}, "
+            f"built in {ix['build_s']:.1f} s"
+        )
     if "backend" in r:
         b = r["backend"]
         typer.echo(

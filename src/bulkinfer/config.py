@@ -180,6 +180,19 @@ class CostConfig(_Section):
     """Currency of the price."""
 
 
+class IndexConfig(_Section):
+    output: str | None = None
+    """Build a nearest-neighbour index here once the job completes (None: no index; see bulkinfer index)."""
+    column: str = "embedding"
+    """The vector column to index."""
+    kind: Literal["flat", "hnsw", "ivf-pq"] = "hnsw"
+    """flat (exact), hnsw, or ivf-pq (compressed)."""
+    metric: Literal["cosine", "ip", "l2"] = "cosine"
+    """Similarity of the index and of the recall check."""
+    min_recall: float | None = Field(default=None, ge=0, le=1)
+    """Refuse an index whose recall@10 against exact search is lower (the job fails; its output stays)."""
+
+
 class ServeConfig(_Section):
     host: str = "127.0.0.1"
     """Address `bulkinfer serve` binds to (loopback unless told otherwise)."""
@@ -312,6 +325,8 @@ class JobConfig(_Section):
     """Cost accounting."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    """An index built from the output when the job completes ([index] section)."""
     export: list[ExportConfig] = Field(default_factory=list)
     """Export targets written with each shard before its commit ([[export]] tables: kind = redis | postgres |
     redis_stream | folder)."""

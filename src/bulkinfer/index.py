@@ -1,15 +1,17 @@
 """``bulkinfer index``: an approximate-nearest-neighbour index (Faiss) over a finished
 output's vector column, with the output's provenance and a measured recall.
 
-Three passes over the output's committed parts (from its ``_SUCCESS`` manifest), one part
-and one batch at a time, so memory beyond the index itself stays bounded:
+The output's committed parts (from its ``_SUCCESS`` manifest) are read one batch at a
+time, so memory beyond the index itself stays bounded:
 
-1. sample: queries for the recall check and, for IVF-PQ, training vectors, drawn at
-   uniformly random positions across the whole output (not its first rows);
-2. add: every valid vector is added (its position is its Faiss id; the id column is
-   stored beside the index as ``<index>.ids.parquet``, so string ids need no hashing), and
-   the exact top-k of the sampled queries is kept in a heap as the parts stream by;
-3. check: recall@k of the index against that exact answer, and the query rate.
+- the recall queries (and, for IVF-PQ, its training vectors) are drawn at uniformly random
+  positions across the whole output, not its first rows;
+- every valid vector is added (its position is its Faiss id; the id column is stored
+  beside the index as ``<index>.ids.parquet``, so string ids need no hashing);
+- recall@k is measured against exact search: for flat and HNSW by brute force over the
+  vectors the index stores (one pass over the output); for IVF-PQ, which keeps only
+  codes, a first pass samples training vectors and queries and the exact top-k is kept in
+  a heap while the parts stream by (two passes).
 
 A row whose vector is null, of another dimension or not finite is an error record in
 ``<index>.errors.jsonl`` (file, row, reason), never in the index. The index, its ids and
@@ -182,13 +184,17 @@ def _params(spec: IndexSpec, n: int, dim: int) -> dict[str, int]:
             "ef_search": spec.ef_search or 64,
         }
     if spec.kind == "ivf-pq":
-        nlist = spec.nlist or int(min(65536, max(16, 4 * math.sqrt(max(n, 1)))))
-        nlist = min(nlist, max(1, n // 39))  # Faiss wants ~39 training points per list
+        nlist = _nlist(spec, n)
         # two dimensions per sub-quantizer: 8x smaller than float32, and a recall that a gate can accept
         pq_m = spec.pq_m or next(m for m in (dim // 2, dim // 4, dim, 1) if m >= 1 and dim % m == 0)
         nbits = 8 if n >= 256 * 39 else max(4, int(math.log2(max(n // 39, 16))))
         return {"nlist": nlist, "pq_m": pq_m, "nbits": nbits, "nprobe": spec.nprobe or min(nlist, max(8, nlist // 8))}
     return {}
+
+
+def _nlist(spec: IndexSpec, n: int) -> int:
+    nlist = spec.nlist or int(min(65536, max(16, 4 * math.sqrt(max(n, 1)))))
+    return min(nlist, max(1, n // 39))  # Faiss wants ~39 training points per list
 
 
 def _new_index(spec: IndexSpec, dim: int, params: dict[str, int]) -> Any:
@@ -236,22 +242,33 @@ def build_index(
     rng = np.random.default_rng(spec.seed)
     t0 = time.perf_counter()
 
-    # 1. sample queries (and IVF training vectors) at random positions across the output
-    n_train = min(n_rows, 256 * 64) if spec.kind == "ivf-pq" else 0
     n_queries = min(spec.queries, n_rows)
-    wanted = np.sort(rng.choice(n_rows, size=max(n_train, n_queries), replace=False))
-    sample, dim = _gather(parts, spec.column, wanted)
-    if dim is None or not len(sample):
-        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
-    sample = _prepare(spec, sample)
-    queries = sample[rng.permutation(len(sample))[:n_queries]]
-    params = _params(spec, n_rows, dim)
-    index = _new_index(spec, dim, params)
-    if spec.kind == "ivf-pq":
+    metric = faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+    # IVF-PQ keeps no full vectors: a first pass samples its training vectors and the queries,
+    # and the exact answer is kept in a heap while adding. Flat and HNSW keep the vectors, so
+    # one pass adds them and picks the queries up; exact search runs on the stored vectors.
+    compressed = spec.kind == "ivf-pq"
+    index: Any = None
+    dim: int | None = None
+    params: dict[str, int] = {}
+    exact: Any = None
+    queries = np.zeros((0, 0), dtype=np.float32)
+    if compressed:
+        n_train = min(n_rows, max(256 * 64, 40 * _nlist(spec, n_rows)))
+        wanted = np.sort(rng.choice(n_rows, size=max(n_train, n_queries), replace=False))
+        sample, dim = _gather(parts, spec.column, wanted)
+        if dim is None or not len(sample):
+            raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+        sample = _prepare(spec, sample)
+        queries = sample[rng.permutation(len(sample))[:n_queries]]
+        params = _params(spec, n_rows, dim)
+        index = _new_index(spec, dim, params)
         index.train(sample)
+        exact = faiss.ResultHeap(len(queries), spec.k, keep_max=spec.metric != "l2")
+    else:
+        query_at = set(rng.choice(n_rows, size=n_queries, replace=False).tolist())
+        picked: list[np.ndarray] = []
 
-    # 2. add every valid vector; keep the exact top-k of the queries as the parts stream by
-    exact = faiss.ResultHeap(len(queries), spec.k, keep_max=spec.metric != "l2")
     ids: list[pa.Array] = []
     errors: list[dict[str, Any]] = []
     added = done = 0
@@ -264,27 +281,41 @@ def build_index(
                     errors.append({"file": part.path.name, "row": offset + i, "error": why})
             mat = _prepare(spec, mat)
             if len(mat):
+                if index is None:
+                    dim = mat.shape[1]
+                    params = _params(spec, n_rows, dim)
+                    index = _new_index(spec, dim, params)
                 index.add(mat)
                 ids.append(batch.column(id_column).take(pa.array(keep)))
-                flat = faiss.IndexFlat(dim, faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT)
-                flat.add(mat)
-                dist, lab = flat.search(queries, min(spec.k, len(mat)))
-                exact.add_result(dist, np.where(lab >= 0, lab + added, -1))
+                if exact is not None:
+                    flat = faiss.IndexFlat(dim, metric)
+                    flat.add(mat)
+                    dist, lab = flat.search(queries, min(spec.k, len(mat)))
+                    exact.add_result(dist, np.where(lab >= 0, lab + added, -1))
+                else:
+                    first = part.first + offset
+                    mine = [j for j, row in enumerate(keep.tolist()) if first + row in query_at]
+                    if mine:
+                        picked.append(mat[mine])
                 added += len(mat)
             offset += batch.num_rows
             done += batch.num_rows
             on_rows(done, n_rows)
-    exact.finalize()
-    if added == 0:
+    if added == 0 or index is None or dim is None:
         raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+    if exact is not None:
+        exact.finalize()
+        truth = exact.I
+    else:
+        queries = np.vstack(picked) if picked else index.reconstruct_n(0, min(n_queries, index.ntotal))
+        stored = index if spec.kind == "flat" else faiss.downcast_index(index.storage)
+        _, truth = stored.search(queries, spec.k)  # brute force over the stored vectors
 
-    # 3. recall@k against exact search, and the query rate
+    # recall@k against exact search, and the query rate
     t_q = time.perf_counter()
     _, found = index.search(queries, spec.k)
     qps = len(queries) / max(time.perf_counter() - t_q, 1e-9)
-    recall = float(
-        np.mean([len(set(f[f >= 0]) & set(e[e >= 0])) / spec.k for f, e in zip(found, exact.I, strict=True)])
-    )
+    recall = float(np.mean([len(set(f[f >= 0]) & set(e[e >= 0])) / spec.k for f, e in zip(found, truth, strict=True)]))
     build_s = time.perf_counter() - t0
     if min_recall is not None and recall < min_recall:
         raise QualityGateError(

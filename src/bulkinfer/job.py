@@ -118,7 +118,28 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             report = write_report(job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine)
         if done:
             ledger.write_success(plan.fingerprint, len(plan.input_errors))
-        return RunResult(sink.out_dir, status, report)
+    if done and job.cfg.index.output:
+        report["index"] = build_job_index(job.cfg, sink.out_dir)
+    return RunResult(sink.out_dir, status, report)
+
+
+def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
+    """``[index]``: the index over the finished output (after its lock is released)."""
+    from dataclasses import asdict
+
+    from .index import IndexSpec, build_index
+
+    ix = cfg.index
+    assert ix.output is not None
+    if not isinstance(out_dir, Path):
+        raise ConfigError(
+            f"index.output: {out_dir}: an index is built from a local output; run bulkinfer index on a copy"
+        )
+    spec = IndexSpec(column=ix.column, kind=ix.kind, metric=ix.metric)
+    report = build_index(out_dir, Path(ix.output).expanduser(), spec, ix.min_recall)
+    log.info("index %s: recall@%d %.4f, %d vectors, built in %.1f s", report.index, report.k, report.recall,
+             report.vectors, report.build_s)  # fmt: skip
+    return asdict(report)
 
 
 def open_ledger(sink: Sink) -> OutputLedger:

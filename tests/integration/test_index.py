@@ -4,6 +4,7 @@ search, provenance, bad rows kept out of the index, and the gate that refuses a 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -183,3 +184,19 @@ def test_knn_refuses_queries_it_cannot_answer_with_one_line(items, tmp_path):
     (tmp_path / "lonely.index").write_bytes((tmp_path / "items.index").read_bytes())
     proc = cli(*base, "-m", "lonely.index", "--set", "model.kind='knn'", "-o", "k4", cwd=tmp_path)
     assert proc.returncode == 1 and "not an index written by bulkinfer index (no lonely.index.json" in proc.stderr
+
+
+def test_an_index_section_builds_the_index_when_the_job_completes(items, tmp_path):
+    (tmp_path / "job.toml").write_text(
+        '[source]\npaths = ["out.parquet"]\nid_column = "id"\n[model]\nname = "vecmodel:embed"\n'
+        'feature_columns = ["v"]\n[sink]\npath = "out"\n[index]\noutput = "items.index"\nkind = "hnsw"\n'
+    )
+    items()  # writes out.parquet (and an output there, which this job file replaces)
+    proc = cli("run", "job.toml", "--overwrite", "--progress", "none", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"index: items.index \(hnsw, {N} vectors\), recall@10 (0\.9[5-9]\d*|1\.0+)", proc.stdout)
+    assert json.loads((tmp_path / "items.index.json").read_text())["report"]["vectors"] == N
+    gated = cli("run", "job.toml", "--set", "index.kind='ivf-pq'", "--set", "index.min_recall=0.999",
+                "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert gated.returncode == 1 and "under --min-recall 0.999 (ivf-pq" in gated.stderr
+    assert (tmp_path / "out" / "_SUCCESS").is_file()  # the job's output stays complete

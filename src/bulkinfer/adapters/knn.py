@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, ModelError
@@ -173,51 +174,78 @@ class KnnAdapter(Adapter):
         return np.ascontiguousarray(mat)
 
     def predict(self, batch: pa.Table) -> dict[str, Any]:
+        """Search k plus as many as can be excluded, then drop the row's own id and its
+        excluded ids and keep each row's first k: all of it vectorised (Arrow and numpy)."""
         assert self._loaded is not None
         index, all_ids = self._loaded
         queries = self._queries(batch)
         n = batch.num_rows
-        own = self._values(batch, self.self_column, None)
-        seen = [(a or []) + (b or []) for a, b in zip(
-            self._values(batch, self.exclude_column, None), self._values(batch, ONLINE_EXCLUDE, None), strict=True
-        )]  # fmt: skip
-        ks = [o if o is not None else r for o, r in zip(
-            self._values(batch, ONLINE_K, None), self._values(batch, self.k_column, self.k), strict=True
-        )]  # fmt: skip
-        extra = (1 if self.self_column else 0) + max((len(s or []) for s in seen), default=0)
-        scores, labels = index.search(queries, min(self.k + extra, index.ntotal))
-        ids = all_ids.take(pa.array(np.where(labels >= 0, labels, 0).ravel())).to_pylist()
+        excluded = [self._column(batch, c) for c in (self.exclude_column, ONLINE_EXCLUDE)]
+        excluded = [c for c in excluded if c is not None]
+        most = max((int(pc.max(pc.list_value_length(c)).as_py() or 0) for c in excluded), default=0)
+        width = min(self.k + (1 if self.self_column else 0) + most, index.ntotal)
+        scores, labels = index.search(queries, width)
         width = labels.shape[1]
-        neighbors, kept_scores = [], []
-        for r in range(n):
-            drop = set(seen[r] or [])
-            if own[r] is not None:
-                drop.add(own[r])
-            k = min(self.k, int(ks[r] if ks[r] is not None else self.k))
-            row_ids, row_scores = [], []
-            for j in range(width):
-                if labels[r, j] < 0:
-                    break
-                item = ids[r * width + j]
-                if item in drop:
-                    continue
-                row_ids.append(item)
-                row_scores.append(float(scores[r, j]))
-                if len(row_ids) == k:
-                    break
-            neighbors.append(row_ids)
-            kept_scores.append(row_scores)
+        valid = labels >= 0
+        cand = all_ids.take(pa.array(np.where(valid, labels, 0).ravel()))
+        drop = np.zeros(n * width, dtype=bool)
+        own = self._column(batch, self.self_column)
+        if own is not None:
+            own_ids = _as_type(own, all_ids.type)
+            if own_ids is not None:
+                same = pc.equal(cand, own_ids.take(pa.array(np.repeat(np.arange(n), width))))
+                drop |= pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+        for col in excluded:
+            drop |= _pairs_in(cand, width, col, all_ids.type)
+        keep = valid & ~drop.reshape(n, width)
+        ks = np.full(n, self.k, dtype=np.int64)
+        for col in (self.k_column, ONLINE_K):
+            given = self._column(batch, col)
+            if given is not None:
+                values = pc.fill_null(given.cast(pa.int64()), -1).to_numpy(zero_copy_only=False)
+                ks = np.where(values >= 0, np.minimum(values, self.k), ks)
+        final = keep & (np.cumsum(keep, axis=1) <= ks[:, None])
+        offsets = pa.array(np.concatenate([[0], np.cumsum(final.sum(axis=1))]).astype(np.int32))
+        flat = final.ravel()
         return {
-            "neighbors": pa.array(neighbors, pa.list_(all_ids.type)),
-            "scores": pa.array(kept_scores, pa.list_(pa.float32())),
+            "neighbors": pa.ListArray.from_arrays(offsets, cand.filter(pa.array(flat))),
+            "scores": pa.ListArray.from_arrays(offsets, pa.array(scores.ravel()[flat], pa.float32())),
         }
 
     @staticmethod
-    def _values(batch: pa.Table, column: str | None, default: Any) -> list[Any]:
+    def _column(batch: pa.Table, column: str | None) -> pa.Array | None:
         if column is None or column not in batch.column_names:
-            return [default] * batch.num_rows
-        return [default if v is None else v for v in batch.column(column).to_pylist()]
+            return None
+        col = batch.column(column).combine_chunks()
+        return None if pa.types.is_null(col.type) else col
 
     def close(self) -> None:
         if self.text is not None:
             self.text.close()
+
+
+def _as_type(col: pa.Array, to: pa.DataType) -> pa.Array | None:
+    """``col`` as the index's id type, or None when its values cannot be ids of the index."""
+    if col.type == to:
+        return col
+    try:
+        return col.cast(to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+def _pairs_in(cand: pa.Array, width: int, lists: pa.Array, id_type: pa.DataType) -> np.ndarray:
+    """For each candidate (row r, position j), whether its id is in ``lists[r]``: one semi-join
+    of (row, id) pairs, whatever the id type."""
+    if pa.types.is_null(lists.type) or not len(lists):
+        return np.zeros(len(cand), dtype=bool)
+    flat = _as_type(pc.list_flatten(lists), id_type)
+    if flat is None or not len(flat):
+        return np.zeros(len(cand), dtype=bool)
+    listed = pa.table({"row": pc.list_parent_indices(lists).cast(pa.int64()), "id": flat})
+    rows = np.repeat(np.arange(len(cand) // max(width, 1)), width)
+    pairs = pa.table({"row": pa.array(rows, pa.int64()), "id": cand, "pos": pa.array(np.arange(len(cand)))})
+    hits = pairs.join(listed, keys=["row", "id"], join_type="left semi").column("pos").to_numpy()
+    out = np.zeros(len(cand), dtype=bool)
+    out[hits] = True
+    return out
