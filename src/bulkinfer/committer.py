@@ -33,10 +33,22 @@ __all__ = [
     "Committer",
     "RetryCommitter",
     "RetryUnit",
+    "error_budget",
     "remaining_work",
     "retry_units",
     "stage_routed",
 ]
+
+
+def error_budget(cfg: JobConfig, rows_planned: int) -> int:
+    """Failed rows a job may have: ``max_error_rate`` of the planned rows, but at least
+    ``min_error_budget`` (never more than half the rows, so a job failing wholesale still
+    stops), capped by ``max_errors``; a rate of 0 allows none."""
+    ex = cfg.execution
+    budget = int(ex.max_error_rate * rows_planned)
+    if ex.max_error_rate > 0:
+        budget = max(budget, min(ex.min_error_budget, rows_planned // 2))
+    return budget if ex.max_errors is None else min(budget, ex.max_errors)
 
 
 def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
@@ -119,9 +131,7 @@ class Committer:
 
     @property
     def budget(self) -> int:
-        ex = self.cfg.execution
-        by_rate = int(ex.max_error_rate * self.stats.rows_planned)
-        return by_rate if ex.max_errors is None else min(by_rate, ex.max_errors)
+        return error_budget(self.cfg, self.stats.rows_planned)
 
     def __call__(self, out: ShardOutput) -> None:
         self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard)))
@@ -157,7 +167,8 @@ class Committer:
             ex = self.cfg.execution
             raise ErrorBudgetExceeded(
                 f"{total} rows failed, over the error budget of {self.budget} "
-                f"(execution.max_error_rate={ex.max_error_rate} of {self.stats.rows_planned} rows"
+                f"(execution.max_error_rate={ex.max_error_rate} of {self.stats.rows_planned} rows, "
+                f"at least min_error_budget={ex.min_error_budget} up to half of them"
                 f"{'' if ex.max_errors is None else f', execution.max_errors={ex.max_errors}'}); "
                 f"first: {self.first_error}; see {self.ledger.out_dir}/{ERRORS}/, fix the cause or raise "
                 "the budget, then rerun"

@@ -395,3 +395,43 @@ def test_declared_column_types_win_and_a_value_that_does_not_fit_fails_its_row(t
     )
     with pytest.raises(Exception, match=r"source.column_types.*zip: unknown type 'text'"):
         _cfg(tmp_path, **{"source.column_types": {"zip": "text"}})
+
+
+def test_with_the_defaults_one_bad_line_never_fails_a_small_job_but_a_wholesale_failure_does(tmp_path):
+    """The issue's case: a 50-row JSONL with one invalid line, every setting at its default."""
+    from helpers import cli
+
+    lines = [json.dumps({"id": i, "x": i}) for i in range(50)]
+    lines[17] = '{"id": 17, "x": '  # cut short
+    (tmp_path / "small.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "m.py").write_text("def double(t):\n    return {'y': [2 * v for v in t['x'].to_pylist()]}\n")
+    proc = cli("run", "-i", "small.jsonl", "-m", "m:double", "--feature-columns", "x", "--id-column", "id",
+               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(read_output(tmp_path / "out")["id"].to_pylist()) == [i for i in range(50) if i != 17]
+    errors = [
+        json.loads(x) for f in (tmp_path / "out" / "_errors").glob("part-*.jsonl") for x in f.read_text().splitlines()
+    ]
+    assert [e["row"] for e in errors] == [17]
+    # every row failing is not "one bad row": the floor is at most half the rows
+    (tmp_path / "bad.py").write_text("def boom(t):\n    raise ValueError('no model here')\n")
+    proc = cli("run", "-i", "small.jsonl", "-m", "bad:boom", "--feature-columns", "x", "--id-column", "id",
+               "-o", "out2", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    assert (
+        "over the error budget of 10 (execution.max_error_rate=0.001 of 50 rows, at least min_error_budget=10"
+        in proc.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "rate", "floor", "cap", "budget"),
+    [(50, 0.001, 10, None, 10), (5, 0.001, 10, None, 2), (1, 0.001, 10, None, 0), (100_000, 0.001, 10, None, 100),
+     (50, 0.0, 10, None, 0), (50, 0.001, 10, 3, 3), (50, 0.5, 0, None, 25)],
+)  # fmt: skip
+def test_the_error_budget_rule(rows, rate, floor, cap, budget):
+    from bulkinfer.committer import error_budget
+
+    cfg = load_config(overrides={"execution.max_error_rate": rate, "execution.min_error_budget": floor,
+                                 "execution.max_errors": cap})  # fmt: skip
+    assert error_budget(cfg, rows) == budget
