@@ -184,13 +184,21 @@ def make_plan(
         shards = _limit(plan_shards(inputs, cfg.source.shard_rows, problems), cfg.execution.limit_rows)
         input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p) for p in problems]
         if problems and not shards:
-            raise problems[0]
+            raise _none_readable(problems, len(inputs))
     if same and existing is not None and existing.column_types is not None:
         column_types = existing.column_types  # as the run that planned these shards read them
     else:  # the types the planned files start with; a file skipped at planning has no say
         settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
         column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
     return replace(draft, shards=shards, input_errors=input_errors, column_types=column_types)
+
+
+def _none_readable(problems: list[SourceError], n_inputs: int) -> SourceError:
+    """Every input failed at planning: one line naming each file (up to three) and why."""
+    if len(problems) == 1 and n_inputs == 1:
+        return problems[0]
+    named = "; ".join(str(p) for p in problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    return SourceError(f"none of the {n_inputs} input files could be read: {named}", problems[0].uri)
 
 
 def describe_change(old: JobPlan, new: JobPlan) -> str:

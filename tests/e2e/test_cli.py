@@ -68,7 +68,7 @@ def test_help_lists_every_config_field():
         (["-m", "nope.joblib"], "model 'nope.joblib': no such file"),
         (
             ["--set", "source.id_column='ident'"],
-            "column 'ident' not found in any of the 1 input file(s); they have id, x1, x2, x3, segment",
+            "/data/a.parquet (it has id, x1, x2, x3, segment); check the column name",
         ),
     ],
 )

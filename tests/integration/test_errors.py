@@ -435,3 +435,30 @@ def test_the_error_budget_rule(rows, rate, floor, cap, budget):
     cfg = load_config(overrides={"execution.max_error_rate": rate, "execution.min_error_budget": floor,
                                  "execution.max_errors": cap})  # fmt: skip
     assert error_budget(cfg, rows) == budget
+
+
+def test_inputs_that_are_all_unreadable_are_named_each_with_why(tmp_path):
+    """Not the column's fault: each unreadable file named with its reason; an empty file is no error."""
+    from helpers import cli
+
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    good = tmp_path / "good.parquet"
+    write(pa.table({"description": ["a", "b"]}), good)
+    (tmp_path / "cut.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['description'].to_pylist()]}\n")
+    base = ["-m", "m:n", "--feature-columns", "description", "--progress", "none"]
+    proc = cli("run", "-i", "broken.parquet", "-i", "cut.parquet", *base, "-o", "o1", cwd=tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bulkinfer: error: none of the 2 input files could be read: ")
+    assert f"{tmp_path}/broken.parquet: not a readable Parquet file" in last
+    assert f"{tmp_path}/cut.parquet: not a readable Parquet file" in last and "column" not in last
+    proc = cli("run", "-i", "broken.parquet", *base, "-o", "o2", cwd=tmp_path)
+    assert proc.returncode == 1 and f"error: {tmp_path}/broken.parquet: not a readable Parquet file" in proc.stderr
+    proc = cli("run", "-i", "empty.parquet", *base, "-o", "o3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 0 rows written" in proc.stdout
+    proc = cli("run", "-i", "good.parquet", "-i", "broken.parquet", *base, "-o", "o4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the bad file is a record in _errors/inputs.jsonl
+    assert "broken.parquet" in (tmp_path / "o4" / "_errors" / "inputs.jsonl").read_text()

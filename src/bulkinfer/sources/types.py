@@ -30,12 +30,16 @@ def head_schema(f: InputFile) -> pa.Schema:
 def check_columns(heads: Mapping[str, pa.Schema], columns: Sequence[str]) -> None:
     """Refuse up front when a needed column is in none of the files' heads (``{uri:
     head_schema}``): a config mistake, not bad data."""
+    readable = {uri: schema for uri, schema in heads.items() if schema.names}
+    # files whose head could not be read are planning's to explain (each named, with why)
     for col in columns:
-        if heads and not any(col in schema.names for schema in heads.values()):
-            example: list[str] = next((schema.names for schema in heads.values() if schema.names), [])
+        if readable and not any(col in schema.names for schema in readable.values()):
+            uri, schema = next(iter(readable.items()))
+            others = f" and the {len(readable) - 1} other readable file(s)" if len(readable) > 1 else ""
             raise SourceError(
-                f"column {col!r} not found in any of the {len(heads)} input file(s); "
-                f"they have {', '.join(example) or 'no readable columns'}"
+                f"column {col!r} is not in {uri}{others} (it has {', '.join(schema.names)}); "
+                "check the column name (--text-column, --feature-columns, --id-column)",
+                uri,
             )
 
 
