@@ -67,6 +67,22 @@ class Commit:
     replaces: str | None = None  # the error file a --retry-errors commit supersedes
     routed: int = 0  # rows sent to routes' targets instead of ``file``
 
+    @classmethod
+    def of(
+        cls,
+        shard: int,
+        start: int,
+        stop: int,
+        part: Part | None,
+        errors: int = 0,
+        error_file: str | None = None,
+        replaces: str | None = None,
+        routed: int = 0,
+    ) -> Commit:
+        """The record of a commit of ``part`` (None: no row of the range succeeded)."""
+        p = part or Part(name="", rows=0, bytes=0, sha256="")
+        return cls(shard, start, stop, p.name, p.rows, p.bytes, p.sha256, errors, error_file, replaces, routed)
+
 
 def _encode_line(record: Mapping[str, Any]) -> str:
     body = json.dumps(record, sort_keys=True, separators=(",", ":"))
@@ -263,11 +279,7 @@ class Ledger:
         replaces: str | None = None,
         routed: int = 0,
     ) -> Commit:
-        if part is None:
-            part = Part(name="", rows=0, bytes=0, sha256="")
-        record = Commit(
-            shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces, routed
-        )
+        record = Commit.of(shard, start, stop, part, errors, error_file, replaces, routed)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _encode_line(asdict(record)).encode())

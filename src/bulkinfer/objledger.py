@@ -211,11 +211,7 @@ class ObjectLedger:
     ) -> Commit:
         if self._lost.is_set():
             raise OutputError(f"{self.out_dir}: another run took the lock; this one stops (committed shards are kept)")
-        if part is None:
-            part = Part(name="", rows=0, bytes=0, sha256="")
-        record = Commit(
-            shard, start, stop, part.name, part.rows, part.bytes, part.sha256, errors, error_file, replaces, routed
-        )
+        record = Commit.of(shard, start, stop, part, errors, error_file, replaces, routed)
         if not self.store.put_new(self._commit_key(record), json.dumps(asdict(record), sort_keys=True).encode()):
             raise LedgerError(
                 f"{self.store.url(self._commit_key(record))}: rows {start}..{stop} of shard {shard} were committed "
