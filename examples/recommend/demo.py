@@ -7,6 +7,9 @@
 4. the snapshot served: ``bulkinfer serve`` answers ``/v1/results/<user>`` from it and
    ``/v1/search`` from the index; one lookup of each is shown with curl.
 
+With ``REDIS_URL`` set (a running Redis), step 3 also publishes the candidates to it (a
+versioned snapshot, ``cand:<version>:<user>``) and the server answers lookups from Redis.
+
 Usage: python examples/recommend/demo.py [--items N] [--users N] [--workdir DIR]
 Paths in the job files are relative to the working directory (the repository root).
 """
@@ -73,15 +76,20 @@ def main() -> None:
     step("1. embed the items", "run", str(HERE / "items.toml"), "-i", str(work / "items.parquet"), "-o", str(items),
          "--progress", "none")  # fmt: skip
     step("2. build the item index", "index", str(items), "-o", str(index), "--kind", "hnsw", "--min-recall", "0.9")
-    step("3. top-50 items per user, history excluded", "run", str(HERE / "candidates.toml"),
-         "-i", str(work / "users.parquet"), "-m", str(index), "-o", str(cands), "--progress", "none")  # fmt: skip
+    redis_url = os.environ.get("REDIS_URL")  # also publish the snapshot to Redis when one is running
+    publish = ["--set", f"export=[{{kind = 'redis', url = '{redis_url}', key = 'cand:{{user_id}}', "
+               "columns = ['neighbors', 'scores'], encoding = 'json'}]"] if redis_url else []  # fmt: skip
+    step("3. top-50 items per user, history excluded" + (f", published to {redis_url}" if redis_url else ""),
+         "run", str(HERE / "candidates.toml"), "-i", str(work / "users.parquet"), "-m", str(index),
+         "-o", str(cands), "--progress", "none", *publish)  # fmt: skip
     first = pq.read_table(sorted(cands.glob("part-*.parquet"))[0]).slice(0, 1).to_pylist()[0]
     user = first["user_id"]
     print(f"   {user}: {first['neighbors'][:8]}... (scores {[round(s, 3) for s in first['scores'][:3]]}...)")
 
     print("\n== 4. serve the snapshot and the index")
+    results = redis_url or str(cands)  # the snapshot the lookups answer from
     cmd = [*BULKINFER, "serve", "--model", str(index), "--text-column", "profile", "--id-column", "user_id",
-           "--k", "50", "--port", "0", "--set", f"serve.results='{cands}'"]  # fmt: skip
+           "--k", "50", "--port", "0", "--set", f"serve.results='{results}'", *publish]  # fmt: skip
     print("$ bulkinfer " + " ".join(cmd[3:]))
     server = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:

@@ -338,7 +338,9 @@ def inspect(
 
 @app.command()
 def index(
-    output: Annotated[Path, typer.Argument(help="A finished bulkinfer output (Parquet) with a vector column.")],
+    output: Annotated[
+        str, typer.Argument(help="A finished bulkinfer output (Parquet) with a vector column: a folder or s3://...")
+    ],
     dest: Annotated[Path, typer.Option("--output", "-o", help="The index file to write (e.g. items.index).")],
     column: Annotated[str, typer.Option(help="The vector column.")] = "embedding",
     kind: Annotated[str, typer.Option(help="flat (exact), hnsw, or ivf-pq (compressed).")] = "hnsw",

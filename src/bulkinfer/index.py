@@ -95,31 +95,47 @@ def load_index_meta(path: str | Path) -> dict[str, Any]:
 # -- reading the output ------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Part:
-    path: Path
+    path: str  # a local path or an object-store URI
+    name: str
     rows: int
     first: int  # global position of its first row
 
 
-def _parts(out: Path) -> tuple[list[_Part], dict[str, Any]]:
+def _read(where: str) -> bytes | None:
+    """A small file of the output (its manifest, its plan), local or in an object store."""
+    from .sources.files import filesystem
+
+    fs, path = filesystem(where)
+    try:
+        data: bytes = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"{where}: cannot read it ({' '.join(str(exc).split())[:200]})", where) from exc
+    return data
+
+
+def _parts(out: str) -> tuple[list[_Part], dict[str, Any]]:
     from .ledger import PRIVATE, SUCCESS
 
-    manifest_path = out / SUCCESS
-    if not manifest_path.is_file():
-        raise SourceError(f"{out}: no finished run here (no _SUCCESS); let the job complete first", str(out))
-    manifest = json.loads(manifest_path.read_text())
-    job_path = out / PRIVATE / "job.json"
-    job = json.loads(job_path.read_text()) if job_path.is_file() else {}
+    manifest = _read(f"{out}/{SUCCESS}")
+    if manifest is None:
+        raise SourceError(f"{out}: no finished run here (no _SUCCESS); let the job complete first", out)
+    plan = _read(f"{out}/{PRIVATE}/job.json")
+    job = json.loads(plan) if plan else {}
     parts, first = [], 0
-    for f in manifest["files"]:
+    for f in json.loads(manifest)["files"]:
         if not f["name"].endswith(".parquet"):
-            raise SourceError(f"{out}/{f['name']}: only Parquet output can be indexed", str(out))
-        parts.append(_Part(out / f["name"], int(f["rows"]), first))
+            raise SourceError(f"{out}/{f['name']}: only Parquet output can be indexed", out)
+        parts.append(_Part(f"{out}/{f['name']}", f["name"], int(f["rows"]), first))
         first += int(f["rows"])
     return parts, job
 
 
 def _batches(part: _Part, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    pf = pq.ParquetFile(part.path)
+    from .sources.files import path_or_file
+
+    pf = pq.ParquetFile(path_or_file(part.path))
     missing = [c for c in columns if c not in pf.schema_arrow.names]
     if missing:
         raise SourceError(
@@ -230,15 +246,16 @@ def build_index(
     """Build ``dest`` (and its ``.ids.parquet``, ``.json``) from the finished output ``output``;
     ``on_rows(done, total)`` follows the add pass (the CLI draws a bar with it)."""
     faiss = _faiss()
-    out, dest = Path(output).expanduser(), Path(dest).expanduser()
+    out = str(output).rstrip("/") if "://" in str(output) else str(Path(output).expanduser())
+    dest = Path(dest).expanduser()
     parts, job = _parts(out)
     config = job.get("config", {})
     id_column = config.get("source", {}).get("id_column")
     if not id_column:
-        raise SourceError(f"{out}: the run had no source.id_column; an index maps neighbours back to ids", str(out))
+        raise SourceError(f"{out}: the run had no source.id_column; an index maps neighbours back to ids", out)
     n_rows = sum(p.rows for p in parts)
     if n_rows == 0:
-        raise SourceError(f"{out}: the output holds no rows to index", str(out))
+        raise SourceError(f"{out}: the output holds no rows to index", out)
     rng = np.random.default_rng(spec.seed)
     t0 = time.perf_counter()
 
@@ -258,7 +275,7 @@ def build_index(
         wanted = np.sort(rng.choice(n_rows, size=max(n_train, n_queries), replace=False))
         sample, dim = _gather(parts, spec.column, wanted)
         if dim is None or not len(sample):
-            raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+            raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", out)
         sample = _prepare(spec, sample)
         queries = sample[rng.permutation(len(sample))[:n_queries]]
         params = _params(spec, n_rows, dim)
@@ -278,7 +295,7 @@ def build_index(
             mat, keep, reasons = _matrix(batch.column(spec.column), dim)
             for i, why in enumerate(reasons):
                 if why:
-                    errors.append({"file": part.path.name, "row": offset + i, "error": why})
+                    errors.append({"file": part.name, "row": offset + i, "error": why})
             mat = _prepare(spec, mat)
             if len(mat):
                 if index is None:
@@ -302,7 +319,7 @@ def build_index(
             done += batch.num_rows
             on_rows(done, n_rows)
     if added == 0 or index is None or dim is None:
-        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", str(out))
+        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", out)
     if exact is not None:
         exact.finalize()
         truth = exact.I
@@ -342,7 +359,7 @@ def build_index(
     model = config.get("model", {})
     meta = {
         "bulkinfer_index": 1,
-        "source": str(out),
+        "source": out,
         "job_fingerprint": job.get("fingerprint"),
         "model": {**job.get("model", {}), "digest": job.get("model_digest"), "name": model.get("name"),
                   "text_column": model.get("text_column")},

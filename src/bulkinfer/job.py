@@ -131,10 +131,6 @@ def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
 
     ix = cfg.index
     assert ix.output is not None
-    if not isinstance(out_dir, Path):
-        raise ConfigError(
-            f"index.output: {out_dir}: an index is built from a local output; run bulkinfer index on a copy"
-        )
     spec = IndexSpec(column=ix.column, kind=ix.kind, metric=ix.metric)
     report = build_index(out_dir, Path(ix.output).expanduser(), spec, ix.min_recall)
     log.info("index %s: recall@%d %.4f, %d vectors, built in %.1f s", report.index, report.k, report.recall,

@@ -4,6 +4,7 @@ indexed, every user's candidates computed with history excluded, then served."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,12 +15,13 @@ import pyarrow.dataset as pads
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_recommendation_demo_runs_end_to_end(tmp_path):
+def test_the_recommendation_demo_runs_end_to_end(tmp_path, redis_server):
+    """With REDIS_URL set, as when a Redis is running: the snapshot is published there too and served from it."""
     work = tmp_path / "rec"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "recommend" / "demo.py"), "--items", "120", "--users", "30",
          "--workdir", str(work)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "REDIS_URL": redis_server.url},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -31,6 +33,10 @@ def test_the_recommendation_demo_runs_end_to_end(tmp_path):
     history = dict(zip(users["user_id"].to_pylist(), users["history"].to_pylist(), strict=True))
     for row in cands.to_pylist():
         assert len(row["neighbors"]) == 50 and not set(row["neighbors"]) & set(history[row["user_id"]])
+    assert f"published to {redis_server.url}" in out and f"serve.results='{redis_server.url}'" in out
+    version = redis_server.client().get("cand:current").decode()
+    stored = json.loads(redis_server.client().get(f"cand:{version}:{cands['user_id'][0].as_py()}"))
+    assert stored["neighbors"] == cands["neighbors"][0].as_py()
     lookup = re.search(r"\$ curl -s http://\S+/v1/results/(\S+)\n(.*)", out)
     assert re.search(r'"answered_by":\s*"precomputed"', lookup.group(2)) and lookup.group(1) in lookup.group(2)
     search = json.loads(out.split("/v1/search", 1)[1].split("\n", 1)[1].splitlines()[0])

@@ -262,3 +262,21 @@ def test_a_store_that_keeps_failing_stops_the_job_with_one_line_and_keeps_what_w
     result = run_job(config(**{"sink.storage_options": options}))
     assert result.report["rows_already_done"] == committed * 50
     assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
+
+
+def test_an_index_is_built_from_an_output_in_the_bucket(s3job, s3_server, tmp_path, monkeypatch):
+    import pyarrow.parquet as pq_
+
+    from bulkinfer.index import IndexSpec, build_index
+
+    config, bucket = s3job
+    run_job(config(**{"model.options": {}}))
+    for name, value in s3_server.env.items():  # the usual way a machine reaches its store
+        monkeypatch.setenv(name, value)
+    report = build_index(
+        f"s3://{bucket}/out", tmp_path / "items.index", IndexSpec(kind="flat", metric="l2", queries=20)
+    )
+    assert (report.vectors, report.recall) == (250, 1.0)
+    assert sorted(pq_.read_table(tmp_path / "items.index.ids.parquet")["id"].to_pylist()) == list(range(250))
+    meta = json.loads((tmp_path / "items.index.json").read_text())
+    assert meta["source"] == f"s3://{bucket}/out" and meta["job_fingerprint"]
