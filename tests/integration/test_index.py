@@ -200,3 +200,39 @@ def test_an_index_section_builds_the_index_when_the_job_completes(items, tmp_pat
                 "--progress", "none", cwd=tmp_path)  # fmt: skip
     assert gated.returncode == 1 and "under --min-recall 0.999 (ivf-pq" in gated.stderr
     assert (tmp_path / "out" / "_SUCCESS").is_file()  # the job's output stays complete
+
+
+def test_a_text_query_is_refused_when_the_index_model_changed_since(items, tmp_path):
+    """The index records the digest of the model its vectors came from; queries embedded by a
+    model whose files changed would not match them."""
+    from bulkinfer.adapters.knn import KnnAdapter
+    from bulkinfer.errors import ModelError
+
+    out, *_ = items()
+    build_index(out, tmp_path / "items.index", IndexSpec(kind="flat", queries=10))
+    model_dir = tmp_path / "textmodel"
+    model_dir.mkdir()
+    (model_dir / "weights.bin").write_bytes(b"version 1")
+    meta_path = tmp_path / "items.index.json"
+    meta = json.loads(meta_path.read_text())
+    meta["model"] = {"kind": "text-embedding", "location": str(model_dir), "digest": "digest-of-version-0"}
+    meta_path.write_text(json.dumps(meta))
+    cfg = load_config(overrides={"model.name": str(tmp_path / "items.index"), "model.text_column": "profile"})
+    with pytest.raises(ModelError, match=r"built from embeddings of .*textmodel \(digest digest-of-version-0\), "
+                                         r"which is gone or changed since"):  # fmt: skip
+        KnnAdapter(tmp_path / "items.index", cfg)
+
+
+def test_serve_swaps_in_a_newer_finished_run(items, tmp_path):
+    """serve.results over a folder: a later run that finishes there is indexed aside, then swapped in."""
+    import os
+    import time
+
+    from bulkinfer.serve.results import ResultIndex
+
+    out, ids, *_ = items()
+    index = ResultIndex(out, "id")
+    assert index.newer() is None and index.get("item-3")["embedding"] is not None
+    os.utime(out / "_SUCCESS", (time.time() + 5, time.time() + 5))  # as a later run's _SUCCESS would be
+    newer = index.newer()
+    assert newer is not None and len(newer) == len(ids) and newer.newer() is None
