@@ -462,3 +462,20 @@ def test_inputs_that_are_all_unreadable_are_named_each_with_why(tmp_path):
     proc = cli("run", "-i", "good.parquet", "-i", "broken.parquet", *base, "-o", "o4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr  # the bad file is a record in _errors/inputs.jsonl
     assert "broken.parquet" in (tmp_path / "o4" / "_errors" / "inputs.jsonl").read_text()
+
+
+def test_a_jsonl_whose_first_record_is_longer_than_the_sampling_window_is_read(tmp_path):
+    """A 1.5 MB first document (ordinary for long-text jobs) left the head sample with no whole
+    record; the job used to stop with "no readable columns"."""
+    from helpers import cli
+
+    lines = [json.dumps({"id": 0, "text": "word " * 300_000})] + [
+        json.dumps({"id": i, "text": f"short text {i}"}) for i in range(1, 20)
+    ]
+    (tmp_path / "long.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['text'].to_pylist()]}\n")
+    proc = cli("run", "-i", "long.jsonl", "-m", "m:n", "--feature-columns", "text", "--id-column", "id",
+               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out["id"].to_pylist() == list(range(20)) and out["n"][0].as_py() == 1_500_000
