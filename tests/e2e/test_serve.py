@@ -314,6 +314,13 @@ def test_search_embeds_the_text_like_the_index_and_swaps_in_a_rebuilt_index(tmp_
         assert 30 not in r.json()["results"][0]["ids"] and len(r.json()["results"][0]["ids"]) == 3
         bad = _post(f"{server.url}/v1/search", {"query": text, "k": 50}, key=None)
         assert bad.status_code == 422 and "k: expected a whole number from 1 to 5" in bad.json()["error"]["message"]
+        bad = _post(f"{server.url}/v1/search", {"query": text, "exclude": ["item-3"]}, key=None)
+        assert (
+            bad.status_code == 422
+            and bad.json()["error"]["message"] == "exclude: the index's ids are int64, not string"
+        )
+        bad = _post(f"{server.url}/v1/search", {"query": [0.1, 0.2]}, key=None)
+        assert bad.status_code == 422 and bad.json()["error"]["message"] == "queries[0]: expected a string, got array"
         # a rebuilt index over 15 items replaces the file; the server swaps it in without a restart
         cli("index", "emb15", "-o", "items.index", "--kind", "flat", cwd=tmp_path, check=True)
         deadline = time.monotonic() + 30

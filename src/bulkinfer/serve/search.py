@@ -32,6 +32,8 @@ async def search(server: Server, request: Request) -> Response:
     adapter = server.adapter
     if not isinstance(adapter, KnnAdapter):
         raise ApiError(404, "no index here: start the server with --model items.index (bulkinfer index)", "not_found")
+    server.ready_batcher()  # 503 while the index is loading
+    assert adapter.ids is not None
     body = await read_body(request, server.sv.max_body_bytes)
     if not isinstance(body, dict):
         raise ApiError(422, "body: expected an object with query or queries", "invalid_request")
@@ -58,9 +60,12 @@ async def search(server: Server, request: Request) -> Response:
     for col in adapter.input_columns:
         if col != adapter.query_column:  # the offline job's own-id, seen and k columns: none online
             columns[col] = pa.nulls(n)
-    columns[ONLINE_EXCLUDE] = pa.array(
-        [exclude] * n, pa.list_(adapter.ids.type if adapter.ids is not None else pa.null())
-    )
+    try:
+        columns[ONLINE_EXCLUDE] = pa.array([exclude] * n, pa.list_(adapter.ids.type))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raise ApiError(
+            422, f"exclude: the index's ids are {adapter.ids.type}, not {json_type(exclude[0])}", "invalid_request"
+        ) from None
     columns[ONLINE_K] = pa.array([k] * n, pa.int64())
     answer = await server.infer(pa.table(columns))
     neighbors, scores = answer.columns["neighbors"].to_pylist(), answer.columns["scores"].to_pylist()
