@@ -77,8 +77,10 @@ def read_output(out: Path) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def cli(*args: str, cwd: Path | None = None, check: bool = False, **kw: object) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def cli(
+    *args: str, cwd: Path | None = None, check: bool = False, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([*BULKINFER, *args], capture_output=True, text=True, cwd=cwd, env=env, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"bulkinfer {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")

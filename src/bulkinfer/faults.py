@@ -7,15 +7,22 @@ Points: ``part-temp-written`` (temp file fsynced, not yet renamed), ``part-renam
 appended), ``export-postgres-copied`` (rows copied, the transaction not yet committed),
 ``success-temp-written`` (``_SUCCESS`` temp
 written, not yet renamed).
+
+``BULKINFER_IO_ERROR=point:errno[:n]`` makes the n-th (default 1st, and every later)
+arrival at ``point`` raise the ``OSError`` of that errno name, as the OS would: the tests
+of disk-full and read-only output use it where no tmpfs can be mounted. Points:
+``part-write`` (a part's bytes written to its temp file), ``output-mkdir`` (the output
+directory created).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections import Counter
 
-__all__ = ["crash_point"]
+__all__ = ["crash_point", "io_point"]
 
 _hits: Counter[str] = Counter()
 
@@ -30,3 +37,17 @@ def crash_point(name: str) -> None:
     _hits[name] += 1
     if _hits[name] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def io_point(name: str) -> None:
+    spec = os.environ.get("BULKINFER_IO_ERROR")
+    if not spec:
+        return
+    point, _, rest = spec.partition(":")
+    if point != name:
+        return
+    code, _, nth = rest.partition(":")
+    _hits[f"io:{name}"] += 1
+    if _hits[f"io:{name}"] >= int(nth or 1):
+        number = getattr(errno, code)
+        raise OSError(number, os.strerror(number))

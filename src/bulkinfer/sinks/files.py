@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import OutputError
-from ..faults import crash_point
+from ..faults import crash_point, io_point
 from ..records import ShardOutput, encode_records
 from .base import Part, Published, Staged, StagedOutput
 
@@ -95,6 +95,7 @@ def stage_bytes(out_dir: Path, name: str, data: bytes, rows: int, tag: str = "",
     tmp = out_dir / f".{name}.tmp-{tag or os.getpid()}"
     try:
         with open(tmp, "wb") as fh:
+            io_point("part-write")
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -145,6 +146,7 @@ class FileSink:
 
     def start(self) -> None:
         try:
+            io_point("output-mkdir")
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"{self.out_dir}: cannot create the output directory ({exc.strerror or exc})") from exc
