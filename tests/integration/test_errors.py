@@ -479,3 +479,25 @@ def test_a_jsonl_whose_first_record_is_longer_than_the_sampling_window_is_read(t
     assert proc.returncode == 0, proc.stderr
     out = read_output(tmp_path / "out").sort_by("id")
     assert out["id"].to_pylist() == list(range(20)) and out["n"][0].as_py() == 1_500_000
+
+
+def test_a_csv_whose_first_value_is_a_huge_quoted_field_with_line_breaks_is_read(tmp_path):
+    """One quoted value of 2.25 MB holding line breaks: longer than any parse block, it used
+    to fail every row of the file ("straddles two block boundaries")."""
+    import csv
+
+    from helpers import cli
+
+    with open(tmp_path / "big.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "text"])
+        w.writerow([0, 'word, "quoted"\n' * 150_000])
+        for i in range(1, 20):
+            w.writerow([i, f"short {i}"])
+    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['text'].to_pylist()]}\n")
+    proc = cli("run", "-i", "big.csv", "-m", "m:n", "--feature-columns", "text", "--id-column", "id",
+               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out["id"].to_pylist() == list(range(20)) and out["n"][0].as_py() == 2_250_000
+    assert out["n"][5].as_py() == len("short 5")

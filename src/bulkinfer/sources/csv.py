@@ -61,14 +61,24 @@ class _RaggedRows:
 
 
 def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
-    """A reader from the file's start: for its header (pyarrow strips a BOM, reads quotes)."""
+    """A reader from the file's start: for its header (pyarrow strips a BOM, reads quotes).
+    Blocks are quote-aware (a quoted value may hold line breaks), and grow until the first
+    records fit in one: a first record of many MB is a record like any other."""
     fs, path = filesystem(uri)
-    opts = pacsv.ReadOptions(block_size=1 << 20, use_threads=False)
-    parse = pacsv.ParseOptions(invalid_row_handler=lambda _row: "skip")  # rows are checked when read
-    try:
-        return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file", uri) from exc
+    size = int(fs.info(path).get("size") or 0)
+    block = 1 << 20
+    parse = pacsv.ParseOptions(invalid_row_handler=lambda _row: "skip", newlines_in_values=True)
+    while True:
+        opts = pacsv.ReadOptions(block_size=block, use_threads=False)
+        try:
+            return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
+        except pa.ArrowInvalid as exc:
+            if "straddl" in str(exc) and block <= size:
+                block *= 4
+                continue
+            raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file", uri) from exc
+        except OSError as exc:
+            raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file", uri) from exc
 
 
 def _csv_header(uri: str) -> list[str]:
@@ -237,8 +247,9 @@ def _parse_csv_range(
     yielding it). Whole before anything is yielded, so a conversion error can start over."""
     base = shard.base if shard.base is not None else shard.start
     ragged = _RaggedRows(base)
-    opts = pacsv.ReadOptions(column_names=names, block_size=1 << 22, use_threads=False)
-    parse = pacsv.ParseOptions(invalid_row_handler=ragged)
+    # the range is in memory already: one block holds any record, however long (see _csv_reader)
+    opts = pacsv.ReadOptions(column_names=names, block_size=max(1 << 22, len(data) + 1), use_threads=False)
+    parse = pacsv.ParseOptions(invalid_row_handler=ragged, newlines_in_values=True)
     reader = pacsv.open_csv(io.BytesIO(data), read_options=opts, parse_options=parse, convert_options=convert)
     out = []
     next_row = base
