@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError, QualityGateError, SourceError
+from .sinks.files import write_bytes
 
 __all__ = ["IndexReport", "IndexSpec", "build_index", "load_index_meta"]
 
@@ -340,17 +341,28 @@ def build_index(
             "not written. Raise ef_search / nprobe, or build another kind"
         )
 
-    # write: index, ids, errors, then the JSON that makes it whole
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    temp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    faiss.write_index(index, str(temp))
-    os.replace(temp, dest)
-    id_table = pa.table({id_column: pa.concat_arrays(ids)})
-    _write_atomic(Path(f"{dest}.ids.parquet"), lambda p: pq.write_table(id_table, p))
+    # write: index, ids, errors, then the JSON that makes it whole (each atomically)
+    folder = dest.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{folder}: cannot create it ({exc.strerror or exc})") from exc
+
+    def save(name: str, data: bytes, what: str) -> None:
+        write_bytes(folder, name, data, 0, crash_at=None, what=what)
+
+    temp = folder / f".{dest.name}.tmp-{os.getpid()}"  # streamed by Faiss: an index may be larger than memory twice
+    try:
+        faiss.write_index(index, str(temp))
+        os.replace(temp, dest)
+    except (OSError, RuntimeError) as exc:
+        temp.unlink(missing_ok=True)
+        raise OutputError(f"{dest}: cannot write the index ({' '.join(str(exc).split())[:200]})") from exc
+    ids_buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({id_column: pa.concat_arrays(ids)}), ids_buffer)
+    save(f"{dest.name}.ids.parquet", ids_buffer.getvalue().to_pybytes(), "the index's ids")
     if errors:
-        _write_atomic(
-            Path(f"{dest}.errors.jsonl"), lambda p: p.write_text("".join(json.dumps(e) + "\n" for e in errors))
-        )
+        save(f"{dest.name}.errors.jsonl", "".join(json.dumps(e) + "\n" for e in errors).encode(), "its error rows")
     report = IndexReport(
         index=str(dest), kind=spec.kind, metric=spec.metric, dim=dim, vectors=added, rows_failed=len(errors),
         params=params, recall=round(recall, 4), k=spec.k, queries=len(queries), build_s=round(build_s, 3),
@@ -367,7 +379,7 @@ def build_index(
         "id_column": id_column,
         "report": asdict(report),
     }  # fmt: skip
-    _write_atomic(Path(f"{dest}.json"), lambda p: p.write_text(json.dumps(meta, indent=1)))
+    save(f"{dest.name}.json", json.dumps(meta, indent=1).encode(), "the index's provenance")
     return report
 
 
@@ -377,30 +389,18 @@ def _gather(parts: list[_Part], column: str, positions: np.ndarray) -> tuple[np.
     dim: int | None = None
     for part in parts:
         lo, hi = np.searchsorted(positions, [part.first, part.first + part.rows])
-        if lo == hi and dim is not None:
+        if lo == hi:
             continue
         local = positions[lo:hi] - part.first
         offset = 0
         for batch in _batches(part, [column]):
-            col = batch.column(column)
-            if dim is None:
-                first = next((v for v in col.to_pylist() if v is not None), None)
-                dim = len(first) if first is not None else None
             mine = local[(local >= offset) & (local < offset + batch.num_rows)] - offset
             if len(mine):
-                mat, _, _ = _matrix(col.take(pa.array(mine)), dim)
-                rows.append(mat)
+                mat, _, _ = _matrix(batch.column(column).take(pa.array(mine)), dim)  # the first vector sets dim
+                if len(mat):
+                    dim = mat.shape[1]
+                    rows.append(mat)
             offset += batch.num_rows
     if dim is None:
         return np.zeros((0, 0), dtype=np.float32), None
     return (np.vstack(rows) if rows else np.zeros((0, dim), dtype=np.float32)), dim
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(temp)
-        os.replace(temp, path)
-    except OSError as exc:
-        temp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write it ({exc.strerror or exc})") from exc
