@@ -156,7 +156,7 @@ class Committer:
         part = published.part
         n_routed = sum(t.num_rows for t in (routed or {}).values())
         self.ledger.commit(
-            shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed
+            Commit.of(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed)
         )
         self.sink.reveal(staged)
         rows_out = (part.rows if part else 0) + n_routed
@@ -238,7 +238,7 @@ class RetryCommitter:
         failed = staged.failed
         n_routed = sum(t.num_rows for t in (routed or {}).values())
         self.ledger.commit(
-            c.shard, c.start, c.stop, published.part, failed, published.error_file, replaces=old, routed=n_routed
+            Commit.of(c.shard, c.start, c.stop, published.part, failed, published.error_file, old, n_routed)
         )
         self.sink.reveal(staged)
         self.ledger.delete_error_file(old)

@@ -121,17 +121,10 @@ class OutputLedger(Protocol):
     def read_plan(self) -> JobPlan | None: ...
     def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan: ...
     def commits(self, repair: bool = True) -> list[Commit]: ...
-    def commit(
-        self,
-        shard: int,
-        start: int,
-        stop: int,
-        part: Part | None,
-        errors: int = 0,
-        error_file: str | None = None,
-        replaces: str | None = None,
-        routed: int = 0,
-    ) -> Commit: ...
+    def commit(self, record: Commit) -> Commit:
+        """Record ``record`` (built with :meth:`Commit.of`): from then on its rows are done."""
+        ...
+
     def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]: ...
     def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
     def read_error_file(self, name: str) -> bytes: ...
@@ -268,18 +261,7 @@ class Ledger:
             out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
         return out
 
-    def commit(
-        self,
-        shard: int,
-        start: int,
-        stop: int,
-        part: Part | None,
-        errors: int = 0,
-        error_file: str | None = None,
-        replaces: str | None = None,
-        routed: int = 0,
-    ) -> Commit:
-        record = Commit.of(shard, start, stop, part, errors, error_file, replaces, routed)
+    def commit(self, record: Commit) -> Commit:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _encode_line(asdict(record)).encode())

@@ -37,7 +37,6 @@ from .errors import JobMismatchError, LedgerError, LockedError, OutputError
 from .ledger import ERRORS, PRIVATE, SUCCESS, Commit, active_error_files
 from .plan import JobPlan, describe_change
 from .records import ErrorRecord, encode_records
-from .sinks import Part
 from .sinks.objects import TEMPORARY, ObjectStore, staged_key
 
 __all__ = ["LEASE_S", "ObjectLedger"]
@@ -198,23 +197,13 @@ class ObjectLedger:
                 ) from exc
         return sorted(out, key=lambda c: (c.shard, c.start, c.replaces or ""))
 
-    def commit(
-        self,
-        shard: int,
-        start: int,
-        stop: int,
-        part: Part | None,
-        errors: int = 0,
-        error_file: str | None = None,
-        replaces: str | None = None,
-        routed: int = 0,
-    ) -> Commit:
+    def commit(self, record: Commit) -> Commit:
         if self._lost.is_set():
             raise OutputError(f"{self.out_dir}: another run took the lock; this one stops (committed shards are kept)")
-        record = Commit.of(shard, start, stop, part, errors, error_file, replaces, routed)
         if not self.store.put_new(self._commit_key(record), json.dumps(asdict(record), sort_keys=True).encode()):
             raise LedgerError(
-                f"{self.store.url(self._commit_key(record))}: rows {start}..{stop} of shard {shard} were committed "
+                f"{self.store.url(self._commit_key(record))}: rows {record.start}..{record.stop} of shard "
+                f"{record.shard} were committed "
                 "by another run; refusing to write them twice"
             )
         return record

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bulkinfer.errors import JobMismatchError, LedgerError, LockedError
-from bulkinfer.ledger import Ledger
+from bulkinfer.ledger import Commit, Ledger
 from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
 
@@ -23,7 +23,7 @@ def test_commits_survive_a_torn_tail(tmp_path_factory, shards, torn):
     led = Ledger(tmp_path_factory.mktemp("out"))
     led.private.mkdir()
     for s in shards:
-        led.commit(s, 0, 10 + s, _part(s))
+        led.commit(Commit.of(s, 0, 10 + s, _part(s)))
     with open(led.log_path, "ab") as fh:  # a crash in the middle of the next append
         fh.write(b'0badf00d {"shard": 99999, "file": "x"'[:torn])
     got = led.commits()
@@ -36,7 +36,7 @@ def test_corrupt_line_is_refused(tmp_path):
     led = Ledger(tmp_path)
     led.private.mkdir()
     for s in range(3):
-        led.commit(s, 0, 1, _part(s))
+        led.commit(Commit.of(s, 0, 1, _part(s)))
     lines = led.log_path.read_text().splitlines(keepends=True)
     lines[1] = lines[1].replace('"rows":11', '"rows":12')
     led.log_path.write_text("".join(lines))
@@ -67,7 +67,7 @@ def test_begin_refuses_other_job_unless_overwrite(tmp_path):
     job = {"fingerprint": "a", "model_digest": "m1", "inputs": [], "identity": {"x": 1}, "shards": []}
     led.begin(JobPlan.from_json(job), overwrite=False)
     assert led.read_plan() == JobPlan.from_json(job)
-    led.commit(0, 0, 1, _part(0))
+    led.commit(Commit.of(0, 0, 1, _part(0)))
     (tmp_path / "part-00000.parquet").write_text("x")
     with pytest.raises(JobMismatchError, match="model changed"):
         led.begin(JobPlan.from_json({**job, "fingerprint": "b", "model_digest": "m2"}), overwrite=False)
@@ -91,7 +91,7 @@ def test_foreign_directory_is_refused(tmp_path):
 def test_remove_uncommitted_keeps_only_vouched_parts(tmp_path):
     led = Ledger(tmp_path)
     led.private.mkdir()
-    c = led.commit(0, 0, 1, _part(0))
+    c = led.commit(Commit.of(0, 0, 1, _part(0)))
     for name in ("part-00000.parquet", "part-00001.parquet", ".part-00002.parquet.tmp-1", "other.txt"):
         (tmp_path / name).write_text("x")
     removed = led.remove_uncommitted([c])
