@@ -27,27 +27,30 @@ __all__ = ["crash_point", "io_point"]
 _hits: Counter[str] = Counter()
 
 
-def crash_point(name: str) -> None:
-    spec = os.environ.get("BULKINFER_CRASH_AT")
+def _arrival(variable: str, name: str) -> tuple[int, str] | None:
+    """When ``variable`` names the point ``name``: how many times it was reached (this one
+    included) and the rest of the spec after ``name:``; None otherwise (one dict lookup)."""
+    spec = os.environ.get(variable)
     if not spec:
-        return
-    point, _, nth = spec.partition(":")
+        return None
+    point, _, rest = spec.partition(":")
     if point != name:
-        return
-    _hits[name] += 1
-    if _hits[name] == int(nth or 1):
+        return None
+    _hits[f"{variable}:{name}"] += 1
+    return _hits[f"{variable}:{name}"], rest
+
+
+def crash_point(name: str) -> None:
+    arrived = _arrival("BULKINFER_CRASH_AT", name)
+    if arrived is not None and arrived[0] == int(arrived[1] or 1):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def io_point(name: str) -> None:
-    spec = os.environ.get("BULKINFER_IO_ERROR")
-    if not spec:
+    arrived = _arrival("BULKINFER_IO_ERROR", name)
+    if arrived is None:
         return
-    point, _, rest = spec.partition(":")
-    if point != name:
-        return
-    code, _, nth = rest.partition(":")
-    _hits[f"io:{name}"] += 1
-    if _hits[f"io:{name}"] >= int(nth or 1):
+    code, _, nth = arrived[1].partition(":")
+    if arrived[0] >= int(nth or 1):
         number = getattr(errno, code)
         raise OSError(number, os.strerror(number))
