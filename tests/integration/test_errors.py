@@ -464,20 +464,25 @@ def test_inputs_that_are_all_unreadable_are_named_each_with_why(tmp_path):
     assert "broken.parquet" in (tmp_path / "o4" / "_errors" / "inputs.jsonl").read_text()
 
 
+def _text_lengths(tmp_path, name: str) -> pa.Table:
+    """Run a model that measures each row's ``text`` over ``name``; its output, by id."""
+    from helpers import cli
+
+    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['text'].to_pylist()]}\n")
+    proc = cli("run", "-i", name, "-m", "m:n", "--feature-columns", "text", "--id-column", "id",
+               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return read_output(tmp_path / "out").sort_by("id")
+
+
 def test_a_jsonl_whose_first_record_is_longer_than_the_sampling_window_is_read(tmp_path):
     """A 1.5 MB first document (ordinary for long-text jobs) left the head sample with no whole
     record; the job used to stop with "no readable columns"."""
-    from helpers import cli
-
     lines = [json.dumps({"id": 0, "text": "word " * 300_000})] + [
         json.dumps({"id": i, "text": f"short text {i}"}) for i in range(1, 20)
     ]
     (tmp_path / "long.jsonl").write_text("\n".join(lines) + "\n")
-    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['text'].to_pylist()]}\n")
-    proc = cli("run", "-i", "long.jsonl", "-m", "m:n", "--feature-columns", "text", "--id-column", "id",
-               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    out = read_output(tmp_path / "out").sort_by("id")
+    out = _text_lengths(tmp_path, "long.jsonl")
     assert out["id"].to_pylist() == list(range(20)) and out["n"][0].as_py() == 1_500_000
 
 
@@ -486,18 +491,12 @@ def test_a_csv_whose_first_value_is_a_huge_quoted_field_with_line_breaks_is_read
     to fail every row of the file ("straddles two block boundaries")."""
     import csv
 
-    from helpers import cli
-
     with open(tmp_path / "big.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["id", "text"])
         w.writerow([0, 'word, "quoted"\n' * 150_000])
         for i in range(1, 20):
             w.writerow([i, f"short {i}"])
-    (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['text'].to_pylist()]}\n")
-    proc = cli("run", "-i", "big.csv", "-m", "m:n", "--feature-columns", "text", "--id-column", "id",
-               "-o", "out", "--progress", "none", cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    out = read_output(tmp_path / "out").sort_by("id")
+    out = _text_lengths(tmp_path, "big.csv")
     assert out["id"].to_pylist() == list(range(20)) and out["n"][0].as_py() == 2_250_000
     assert out["n"][5].as_py() == len("short 5")
