@@ -87,7 +87,8 @@ class ObjectLedger:
 
     def acquire(self) -> None:
         key = f"{PRIVATE}/lock"
-        if not self.store.put_new(key, self._holder()):
+        self._etag = self.store.put_new(key, self._holder())
+        if self._etag is None:
             etag = self.store.etag(key)
             current = self.store.get(key) or b"{}"
             try:
@@ -100,10 +101,10 @@ class ObjectLedger:
                 raise LockedError(
                     f"{self.out_dir}: another run is writing here ({who}); wait for it, or use another --output"
                 )
-            if etag is None or not self.store.put_if(key, self._holder(), etag):
+            self._etag = None if etag is None else self.store.put_if(key, self._holder(), etag)
+            if self._etag is None:
                 raise LockedError(f"{self.out_dir}: another run took over the lock at the same moment; wait for it")
             self.took_over_from = current.decode(errors="replace")
-        self._etag = self.store.etag(key)
         _HELD_HERE.add(self.run_id)
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, name="bulkinfer-lease", daemon=True)
@@ -113,11 +114,12 @@ class ObjectLedger:
         key = f"{PRIVATE}/lock"
         while not self._stop.wait(_RENEW_S):
             try:
-                if self._etag is None or not self.store.put_if(key, self._holder(), self._etag):
+                renewed = None if self._etag is None else self.store.put_if(key, self._holder(), self._etag)
+                if renewed is None:
                     log.error("%s: the lock was taken by another run; stopping before the next commit", self.out_dir)
                     self._lost.set()
                     return
-                self._etag = self.store.etag(key)
+                self._etag = renewed
             except OutputError as exc:  # the store is unreachable for now: the commit that follows will say so
                 log.warning("%s: could not renew the lock (%s)", self.out_dir, exc)
 
@@ -200,7 +202,7 @@ class ObjectLedger:
     def commit(self, record: Commit) -> Commit:
         if self._lost.is_set():
             raise OutputError(f"{self.out_dir}: another run took the lock; this one stops (committed shards are kept)")
-        if not self.store.put_new(self._commit_key(record), json.dumps(asdict(record), sort_keys=True).encode()):
+        if self.store.put_new(self._commit_key(record), json.dumps(asdict(record), sort_keys=True).encode()) is None:
             raise LedgerError(
                 f"{self.store.url(self._commit_key(record))}: rows {record.start}..{record.stop} of shard "
                 f"{record.shard} were committed "

@@ -92,32 +92,34 @@ class ObjectStore:
     def put(self, key: str, data: bytes) -> None:
         self.call(key, "write it", lambda: self.fs.pipe_file(self.path(key), data))
 
-    def put_new(self, key: str, data: bytes) -> bool:
-        """Create ``key`` only if it does not exist (first writer wins); False if it existed."""
+    def _put_tagged(self, key: str, data: bytes, **conditions: Any) -> str:
+        """PUT ``key``; the new version's ETag, from the store's answer (a HEAD only if it has none)."""
+        answer = self.call(key, "write it", lambda: self.fs.pipe_file(self.path(key), data, **conditions))
+        etag = answer.get("ETag") if isinstance(answer, dict) else None
+        return str(etag) if etag else (self.etag(key) or "")
+
+    def put_new(self, key: str, data: bytes) -> str | None:
+        """Create ``key`` only if it does not exist (first writer wins): its ETag, or None if it existed."""
         if self.conditional:
             try:
-                self.call(key, "write it", lambda: self.fs.pipe_file(self.path(key), data, mode="create"))
-                return True
+                return self._put_tagged(key, data, mode="create")
             except FileExistsError:
-                return False
+                return None
         if self.exists(key):  # a store without conditional writes: check, then write
-            return False
-        self.put(key, data)
-        return True
+            return None
+        return self._put_tagged(key, data)
 
-    def put_if(self, key: str, data: bytes, etag: str) -> bool:
-        """Replace ``key`` only if it is still the version ``etag``; False if it changed."""
+    def put_if(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace ``key`` only if it is still the version ``etag``: the new ETag, or None if it changed."""
         if not self.conditional:
-            self.put(key, data)
-            return True
+            return self._put_tagged(key, data)
         try:
-            self.call(key, "write it", lambda: self.fs.pipe_file(self.path(key), data, IfMatch=etag))
-            return True
+            return self._put_tagged(key, data, IfMatch=etag)
         except (FileExistsError, FileNotFoundError):
-            return False
+            return None
         except OutputError as exc:
             if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EINVAL:
-                return False  # 412 Precondition Failed: someone else wrote it
+                return None  # 412 Precondition Failed: someone else wrote it
             raise
 
     def get(self, key: str) -> bytes | None:
