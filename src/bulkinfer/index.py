@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from .errors import ConfigError, OutputError, QualityGateError, SourceError
 from .sinks.files import write_bytes
 
-__all__ = ["IndexReport", "IndexSpec", "build_index", "load_index_meta"]
+__all__ = ["IndexReport", "IndexSpec", "build_index", "load_faiss", "load_index_meta", "valid_vectors"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -146,7 +146,7 @@ def _batches(part: _Part, columns: list[str]) -> Iterator[pa.RecordBatch]:
     yield from pf.iter_batches(batch_size=_BATCH, columns=columns)
 
 
-def _matrix(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def valid_vectors(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The rows that are valid vectors of ``dim`` (the first one's when None), as float32,
     their offsets in ``col``, and a reason for each row that is not (None for valid ones)."""
     if not (pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type)):
@@ -184,7 +184,7 @@ def _matrix(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, lis
 
 
 # -- building -----------------------------------------------------------------------------
-def _faiss() -> Any:
+def load_faiss() -> Any:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: not news
     try:
         import faiss
@@ -215,7 +215,7 @@ def _nlist(spec: IndexSpec, n: int) -> int:
 
 
 def _new_index(spec: IndexSpec, dim: int, params: dict[str, int]) -> Any:
-    faiss = _faiss()
+    faiss = load_faiss()
     metric = faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT
     if spec.kind == "flat":
         return faiss.IndexFlat(dim, metric)
@@ -246,7 +246,7 @@ def build_index(
 ) -> IndexReport:
     """Build ``dest`` (and its ``.ids.parquet``, ``.json``) from the finished output ``output``;
     ``on_rows(done, total)`` follows the add pass (the CLI draws a bar with it)."""
-    faiss = _faiss()
+    faiss = load_faiss()
     out = str(output).rstrip("/") if "://" in str(output) else str(Path(output).expanduser())
     dest = Path(dest).expanduser()
     parts, job = _parts(out)
@@ -293,7 +293,7 @@ def build_index(
     for part in parts:
         offset = 0
         for batch in _batches(part, [spec.column, id_column]):
-            mat, keep, reasons = _matrix(batch.column(spec.column), dim)
+            mat, keep, reasons = valid_vectors(batch.column(spec.column), dim)
             for i, why in enumerate(reasons):
                 if why:
                     errors.append({"file": part.name, "row": offset + i, "error": why})
@@ -396,7 +396,7 @@ def _gather(parts: list[_Part], column: str, positions: np.ndarray) -> tuple[np.
         for batch in _batches(part, [column]):
             mine = local[(local >= offset) & (local < offset + batch.num_rows)] - offset
             if len(mine):
-                mat, _, _ = _matrix(batch.column(column).take(pa.array(mine)), dim)  # the first vector sets dim
+                mat, _, _ = valid_vectors(batch.column(column).take(pa.array(mine)), dim)  # the first vector sets dim
                 if len(mat):
                     dim = mat.shape[1]
                     rows.append(mat)

@@ -109,9 +109,9 @@ class KnnAdapter(Adapter):
         )  # fmt: skip
 
     def setup(self, ctx: SetupContext) -> None:
-        from ..index import _faiss
+        from ..index import load_faiss
 
-        _faiss().omp_set_num_threads(max(1, ctx.threads))
+        load_faiss().omp_set_num_threads(max(1, ctx.threads))
         self._loaded, self._stamp = self._load()
         if self.text is not None:
             self.text.setup(ctx)
@@ -121,11 +121,11 @@ class KnnAdapter(Adapter):
         return self._loaded[1] if self._loaded else None
 
     def _load(self) -> tuple[tuple[Any, pa.Array], float]:
-        from ..index import _faiss
+        from ..index import load_faiss
 
         stamp = Path(f"{self.path}.json").stat().st_mtime  # the JSON is written last: a whole index is there
         try:
-            index = _faiss().read_index(str(self.path))
+            index = load_faiss().read_index(str(self.path))
         except RuntimeError as exc:
             raise ModelError(f"{self.path}: not a readable Faiss index ({' '.join(str(exc).split())[:200]})") from exc
         ids = pq.read_table(f"{self.path}.ids.parquet").column(0).combine_chunks()
@@ -158,9 +158,9 @@ class KnnAdapter(Adapter):
             col = predict_table(self.text, table, batch_size=self.text_batch)["embedding"]
         else:
             col = table.column(self.query_column).combine_chunks()
-        from ..index import _matrix
+        from ..index import valid_vectors
 
-        mat, keep, reasons = _matrix(col, None)
+        mat, keep, reasons = valid_vectors(col, None)
         if len(keep) != len(col):
             raise ModelError(f"{self.query_column}: {next(r for r in reasons if r)} (a query)")
         if len(col) and mat.shape[1] != self.dim:

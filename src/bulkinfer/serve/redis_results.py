@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import ConfigError
-from ..sinks.redis import _redact, connect, decode_value, parse_key
+from ..sinks.redis import connect, decode_value, parse_key, redact_url
 
 if TYPE_CHECKING:
     from ..config import JobConfig, RedisExport
@@ -37,7 +37,7 @@ class RedisResults:
             )
         self.suffix = [(text, col) for text, col in pieces]
         self.suffix[0] = ("", self.suffix[0][1])  # the prefix, with the version after it, is added per lookup
-        self.out_dir = f"{_redact(url)} ({self.prefix}current)"
+        self.out_dir = f"{redact_url(url)} ({self.prefix}current)"
         self.client, _transient, _refused = connect(url, "serve.results")
         self._schemas: dict[str, dict[str, Any]] = {}
         if self.version() is None:
@@ -98,7 +98,7 @@ def _export_for(url: str, cfg: JobConfig) -> RedisExport:
     same = [e for e in redis_exports if e.url == url] or (redis_exports if len(redis_exports) == 1 else [])
     if not same:
         raise ConfigError(
-            f'serve.results: {_redact(url)}: the job has no [[export]] kind = "redis" with this url; serve with '
+            f'serve.results: {redact_url(url)}: the job has no [[export]] kind = "redis" with this url; serve with '
             "the job file that exported there (its key template says where the rows are)"
         )
     if not same[0].versioned:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..config import RedisExport
     from ..plan import JobPlan
 
-__all__ = ["RedisTarget", "column_kind", "connect", "decode_value", "encode_fields", "parse_key"]
+__all__ = ["RedisTarget", "column_kind", "connect", "decode_value", "encode_fields", "parse_key", "redact_url"]
 
 
 def parse_key(template: str, where: str) -> tuple[str, list[tuple[str, str | None]]]:
@@ -46,7 +46,7 @@ class RedisTarget:
     def __init__(self, spec: RedisExport, where: str) -> None:
         self.spec = spec
         self.where = where
-        self.name = f"{where} (redis {_redact(spec.url)})"
+        self.name = f"{where} (redis {redact_url(spec.url)})"
         self.prefix, self.pieces = parse_key(spec.key, where)
         if spec.versioned and not self.prefix:
             raise ConfigError(
@@ -268,7 +268,7 @@ def _scalar(value: Any) -> str | bytes:
     return orjson.dumps(value)
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """The url without its password."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:

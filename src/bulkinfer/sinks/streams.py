@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..errors import OutputError
 from .exports import retrying, value_columns
-from .redis import _redact, connect, encode_fields
+from .redis import connect, encode_fields, redact_url
 
 if TYPE_CHECKING:
     from ..config import RedisStreamExport
@@ -51,7 +51,7 @@ class RedisStreamTarget:
     def __init__(self, spec: RedisStreamExport, where: str) -> None:
         self.spec = spec
         self.where = where
-        self.name = f"{where} (redis stream {spec.stream} at {_redact(spec.url)})"
+        self.name = f"{where} (redis stream {spec.stream} at {redact_url(spec.url)})"
         self.client: Any = None
         self.kept: list[str] = []
         self.version = ""
