@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -205,7 +206,7 @@ class FaultProxy:
         self.port = free_port()
         self.fail_every = 0
         self.served = self.refused = 0
-        self._lock = __import__("threading").Lock()
+        self._lock = threading.Lock()
         self._server = None
         self.up()
 
@@ -224,7 +225,6 @@ class FaultProxy:
     def up(self) -> None:
         import http.client
         import http.server
-        import threading
 
         proxy = self
 
