@@ -119,6 +119,12 @@ def run(
         str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Ray workers (default: as many as the cluster fits).")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="An earlier output: compare this run's column statistics with it (drift).")
+    ] = None,
+    fail_on_drift: Annotated[
+        bool, typer.Option("--fail-on-drift", help="Exit 1 after committing when a column drifted past max_psi.")
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
@@ -142,6 +148,8 @@ def run(
         "execution.backend": backend,
         "execution.ray_address": ray_address,
         "execution.workers": workers,
+        "monitor.baseline": baseline,
+        "monitor.fail_on_drift": fail_on_drift or None,
     }
     from .job import run_job
 

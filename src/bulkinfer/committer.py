@@ -8,7 +8,7 @@ hidden name and published; only the ledger line, appended last, makes them count
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from .errors import ErrorBudgetExceeded
 from .faults import crash_point
 from .ledger import ERRORS, Commit, OutputLedger
 from .records import decode_records
+from .report.columns import describe
 from .routing import DEFAULT, Route, split
 
 if TYPE_CHECKING:
@@ -69,14 +70,22 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
 
 
 def stage_routed(
-    sink: Sink, routes: list[Route], out: ShardOutput, start: int | None, tag: str = "", name: str | None = None
+    sink: Sink,
+    routes: list[Route],
+    out: ShardOutput,
+    start: int | None,
+    tag: str = "",
+    name: str | None = None,
+    skip: Collection[str] = (),
 ) -> tuple[StagedOutput, pa.Table, dict[str, pa.Table]]:
-    """Split a shard's rows by route (first match), stage the default route's rows as the part;
-    return the staged part, its rows and each route's rows (for the driver to write)."""
-    if not routes:
-        return sink.stage(out, start, tag, name), out.table, {}
-    rest, routed = split(routes, out.table)
-    return sink.stage(replace(out, table=rest), start, tag, name), rest, routed
+    """Split a shard's rows by route (first match), stage the default route's rows as the part
+    with their column statistics (``skip``: the passthrough columns); return the staged part,
+    its rows and each route's rows (for the driver to write)."""
+    rest, routed = split(routes, out.table) if routes else (out.table, {})
+    staged = sink.stage(replace(out, table=rest) if routes else out, start, tag, name)
+    if staged.part is not None:
+        staged = replace(staged, stats=describe(rest, skip))
+    return staged, rest, routed
 
 
 def publish_and_export(
@@ -134,7 +143,8 @@ class Committer:
         return error_budget(self.cfg, self.stats.rows_planned)
 
     def __call__(self, out: ShardOutput) -> None:
-        self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard)))
+        skip = self.cfg.passthrough_columns
+        self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard), skip=skip))
 
     def name_start(self, shard: Shard) -> int | None:
         """The row that names ``shard``'s files: None for a whole planned shard, its start for a tail."""
@@ -159,6 +169,8 @@ class Committer:
             Commit.of(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed)
         )
         self.sink.reveal(staged)
+        if part is not None:
+            self.stats.output.add(part.name, staged.stats)
         rows_out = (part.rows if part else 0) + n_routed
         self.stats.add_rows(rows_in=shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
         self.on_commit()
@@ -213,12 +225,14 @@ class RetryCommitter:
     on_commit: Callable[[], None] = lambda: None
     routes: list[Route] = field(default_factory=list)
     route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
+    skip: list[str] = field(default_factory=list)  # passthrough columns: no statistics
 
     def __call__(self, out: ShardOutput) -> None:
         old = self.unit.commit.error_file
         assert old is not None
         base, _, n = old.removesuffix(".jsonl").partition(".retry-")
-        self.publish(*stage_routed(self.sink, self.routes, out, None, name=f"{base}.retry-{int(n or 0) + 1}"))
+        name = f"{base}.retry-{int(n or 0) + 1}"
+        self.publish(*stage_routed(self.sink, self.routes, out, None, name=name, skip=self.skip))
 
     def name_start(self, shard: Shard) -> int | None:
         return None  # retry parts are named after the error file they supersede
@@ -241,6 +255,8 @@ class RetryCommitter:
             Commit.of(c.shard, c.start, c.stop, published.part, failed, published.error_file, old, n_routed)
         )
         self.sink.reveal(staged)
+        if published.part is not None:
+            self.stats.output.add(published.part.name, staged.stats)
         self.ledger.delete_error_file(old)
         rows_out = (published.part.rows if published.part else 0) + n_routed
         self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=rows_out, failed=failed, shards=1)

@@ -178,9 +178,23 @@ class ExecutionConfig(_Section):
 
 class CostConfig(_Section):
     instance_price_per_hour: float = Field(default=0.0, ge=0)
-    """Price of the machine per hour, for cost per million rows in the report."""
+    """Price of the machine per hour, for cost per million rows in the report (0: from ``instance``)."""
+    instance: str | None = None
+    """A known instance type (c7i.large, g5.xlarge...): its on-demand price comes from bulkinfer's price table."""
     currency: str = "USD"
     """Currency of the price."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels the run's cost is booked under ({team = "search", model = "minilm-v2"}): in the report, the
+    metrics and ``bulkinfer costs``."""
+
+
+class MonitorConfig(_Section):
+    baseline: str | None = None
+    """An earlier run's output: this run's column statistics are compared with its stats.json (drift)."""
+    max_psi: float = Field(default=0.25, ge=0)
+    """A column whose population stability index against the baseline is over this has drifted."""
+    fail_on_drift: bool = False
+    """Exit 1 after committing when a column drifted (the output is kept; the pipeline stops)."""
 
 
 class IndexConfig(_Section):
@@ -326,6 +340,8 @@ class JobConfig(_Section):
     """How the job is driven."""
     cost: CostConfig = Field(default_factory=CostConfig)
     """Cost accounting."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Output statistics compared with a baseline run (drift)."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
     index: IndexConfig = Field(default_factory=IndexConfig)

@@ -15,6 +15,8 @@ names the file, the row or the field and says what to do. The CLI prints the mes
     ├── LedgerError                the ledger is corrupt; bulkinfer refuses rather than guess
     ├── ErrorBudgetExceeded        more rows failed than execution.max_errors / max_error_rate allow
     ├── QualityGateError           a lowered precision is too far from fp32 on the job's own rows
+    ├── CheckFailed                a gate on committed output failed: drift past monitor.max_psi
+    │                              (--fail-on-drift), or a compare --fail-if condition held
     └── Interrupted                exit 75: stopped by a signal, safe to rerun the same command
 
 Errors from libraries are translated at the boundary with ``raise ... from exc``.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 __all__ = [
     "BulkinferError",
+    "CheckFailed",
     "ClusterError",
     "ConfigError",
     "ErrorBudgetExceeded",
@@ -92,6 +95,10 @@ class QualityGateError(BulkinferError):
     """A lowered precision failed the quality gate; the message and ``figures`` carry the figures."""
 
     figures: dict[str, object] = {}  # noqa: RUF012 - replaced per instance
+
+
+class CheckFailed(BulkinferError):
+    """A check on output that is committed and kept failed (drift, a canary comparison)."""
 
 
 class Interrupted(BulkinferError):

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError, QualityGateError, SourceError
 from .sinks.files import write_bytes
+from .sources.files import read_whole
 
 __all__ = ["IndexReport", "IndexSpec", "build_index", "load_faiss", "load_index_meta", "valid_vectors"]
 
@@ -102,27 +103,13 @@ class _Part:
     first: int  # global position of its first row
 
 
-def _read(where: str) -> bytes | None:
-    """A small file of the output (its manifest, its plan), local or in an object store."""
-    from .sources.files import filesystem
-
-    fs, path = filesystem(where)
-    try:
-        data: bytes = fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise SourceError(f"{where}: cannot read it ({' '.join(str(exc).split())[:200]})", where) from exc
-    return data
-
-
 def _parts(out: str) -> tuple[list[_Part], dict[str, Any]]:
     from .ledger import PRIVATE, SUCCESS
 
-    manifest = _read(f"{out}/{SUCCESS}")
+    manifest = read_whole(f"{out}/{SUCCESS}")
     if manifest is None:
         raise SourceError(f"{out}: no finished run here (no _SUCCESS); let the job complete first", out)
-    plan = _read(f"{out}/{PRIVATE}/job.json")
+    plan = read_whole(f"{out}/{PRIVATE}/job.json")
     job = json.loads(plan) if plan else {}
     parts, first = [], 0
     for f in json.loads(manifest)["files"]:

@@ -12,6 +12,7 @@ already committed), :func:`execute` (the runner over what is left) and the repor
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -25,12 +26,14 @@ from typing import Any
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model
 from .committer import Committer, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
-from .errors import ConfigError, ErrorBudgetExceeded, Interrupted
-from .ledger import Ledger, OutputLedger, failed_rows
+from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
+from .ledger import PRIVATE, Ledger, OutputLedger, failed_rows
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
+from .report.columns import OutputStats
+from .report.output import load_output_stats
 from .routing import compile_routes
 from .runners import make_runner
 from .sinks import Sink, make_sink
@@ -83,6 +86,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     """
     stop = stop or threading.Event()
     job = prepare(cfg)
+    baseline = load_baseline(job.cfg.monitor.baseline)
     sink = make_sink(job.cfg)
     sink.start()
     with open_ledger(sink) as ledger:
@@ -114,13 +118,51 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                 target.close()
             sink.complete() if status == "complete" else sink.failed()
             stats.finished = stats.finished or time.perf_counter()
+            if baseline is not None and status == "complete":
+                stats.drift = drift_against(baseline, stats, job.cfg)
             engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
             report = write_report(job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine)
         if done:
             ledger.write_success(plan.fingerprint, len(plan.input_errors))
     if done and job.cfg.index.output:
         report["index"] = build_job_index(job.cfg, sink.out_dir)
+    if stats.drift and stats.drift["status"] == "drift" and job.cfg.monitor.fail_on_drift:
+        raise CheckFailed(
+            f"{sink.out_dir}: drift against {job.cfg.monitor.baseline}: {drift_line(stats.drift)}; "
+            "the output is committed and kept (see _bulkinfer/report.json)"
+        )
     return RunResult(sink.out_dir, status, report)
+
+
+def load_baseline(where: str | None) -> OutputStats | None:
+    """The column statistics of ``monitor.baseline`` (checked before any inference)."""
+    if where is None:
+        return None
+    from .report.output import STATS
+    from .sources.files import read_whole
+
+    data = read_whole(f"{where.rstrip('/')}/{PRIVATE}/{STATS}")
+    if data is None:
+        raise ConfigError(
+            f"monitor.baseline: {where} has no {PRIVATE}/{STATS} (not a bulkinfer output, or written before "
+            "bulkinfer kept statistics); point it at an earlier run's output or rerun that job"
+        )
+    return OutputStats.from_json(json.loads(data))
+
+
+def drift_against(baseline: OutputStats, stats: RunStats, cfg: JobConfig) -> dict[str, Any]:
+    from .report.drift import compare_stats
+
+    drift = compare_stats(baseline, stats.output, cfg.monitor.max_psi)
+    if drift["status"] == "drift":
+        log.warning("drift against %s: %s", cfg.monitor.baseline, drift_line(drift))
+    return drift
+
+
+def drift_line(drift: dict[str, Any]) -> str:
+    cols = drift["columns"]
+    figures = ", ".join(f"{n} PSI {cols[n]['psi']:.3f}" for n in drift["over"])
+    return f"{figures} (over monitor.max_psi={drift['max_psi']})"
 
 
 def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
@@ -173,6 +215,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         rows_already_done=plan.rows - sum(s.num_rows for s in todo),
         shards_already_done=len(plan.shards) - len({s.index for s in todo}),
     )
+    stats.output = load_output_stats(ledger, committed, cfg.sink.format, cfg.passthrough_columns)
     if plan.input_errors:
         ledger.write_input_errors(plan.input_errors)
         for e in plan.input_errors:
@@ -214,7 +257,16 @@ def execute(
         passes: list[Pass] = [
             (
                 [u.shard],
-                RetryCommitter(ledger, sink, stats, u, exports, routes=routes, route_targets=route_targets),
+                RetryCommitter(
+                    ledger,
+                    sink,
+                    stats,
+                    u,
+                    exports,
+                    routes=routes,
+                    route_targets=route_targets,
+                    skip=cfg.passthrough_columns,
+                ),
                 u.rows,
             )
             for u in units

@@ -133,6 +133,7 @@ class OutputLedger(Protocol):
     def write_private(self, name: str, data: Mapping[str, Any]) -> None: ...
     def write_private_text(self, name: str, text: str) -> None: ...
     def read_private(self, name: str) -> dict[str, Any] | None: ...
+    def read_part(self, name: str) -> bytes: ...
 
 
 class Ledger:
@@ -304,6 +305,9 @@ class Ledger:
 
     def read_error_file(self, name: str) -> bytes:
         return (self.errors_dir / name).read_bytes()
+
+    def read_part(self, name: str) -> bytes:
+        return (self.out_dir / name).read_bytes()
 
     def delete_error_file(self, name: str) -> None:
         (self.errors_dir / name).unlink(missing_ok=True)

@@ -249,6 +249,12 @@ class ObjectLedger:
     def delete_error_file(self, name: str) -> None:
         self.store.delete([f"{ERRORS}/{name}"])
 
+    def read_part(self, name: str) -> bytes:
+        data = self.store.get(name)
+        if data is None:
+            raise LedgerError(f"{self.store.url(name)}: a committed part is missing; rerun with --overwrite")
+        return data
+
     def write_success(self, fingerprint: str, inputs_failed: int) -> None:
         from .ledger import success_manifest
 

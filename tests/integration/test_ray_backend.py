@@ -112,6 +112,13 @@ def test_ray_sklearn_equals_local(tmp_path, local_ray):
     assert ray_out.num_rows == 900
     assert ray_out.equals(local)
     assert _success(tmp_path / "ray")["rows"] == 900
+    # the workers' column statistics, merged by the driver, are the local run's
+    stats = {d: json.loads((tmp_path / d / "_bulkinfer" / "stats.json").read_text()) for d in ("local", "ray")}
+    for d in stats.values():
+        assert d["rows"] == 900 and set(d["columns"]) == {"prediction", "proba_no", "proba_yes"}
+        labels = local["prediction"].to_pylist()
+        assert d["columns"]["prediction"]["classes"] == {c: labels.count(c) for c in sorted(set(labels))}
+    assert stats["ray"]["columns"]["proba_yes"]["mean"] == pytest.approx(stats["local"]["columns"]["proba_yes"]["mean"])
 
 
 def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module):
@@ -178,6 +185,8 @@ def test_straggler_shard_is_split_and_its_tail_runs_elsewhere(tmp_path, local_ra
     out = read_output(tmp_path / "out").sort_by("id")
     assert out["id"].to_pylist() == list(range(640))
     assert out["y"].to_pylist() == [2 * i for i in range(640)]
+    stats = json.loads((tmp_path / "out" / "_bulkinfer" / "stats.json").read_text())
+    assert stats["rows"] == 640 and stats["columns"]["y"]["mean"] == pytest.approx(out["y"].to_numpy().mean())
     names = [f["name"] for f in _success(tmp_path / "out")["files"]]
     assert "part-00000.parquet" in names
     assert any(n.startswith("part-00000_") for n in names)  # the tail, committed beside its head

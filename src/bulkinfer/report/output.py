@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters import available_cpus
 from ..errors import OutputError
+from .columns import OutputStats, describe
 from .stats import RunStats
 
 if TYPE_CHECKING:
     from ..config import JobConfig
-    from ..ledger import OutputLedger
+    from ..ledger import Commit, OutputLedger
 
-__all__ = ["prometheus_text", "write_report"]
+__all__ = ["STATS", "load_output_stats", "prometheus_text", "write_report"]
+
+STATS = "stats.json"
 
 log = logging.getLogger("bulkinfer")
 
@@ -36,11 +39,31 @@ def write_report(
         **stats.to_json(price_per_hour=cfg.cost.instance_price_per_hour, currency=cfg.cost.currency),
     }
     try:
+        ledger.write_private(STATS, stats.output.to_json())
         ledger.write_private("report.json", report)
         ledger.write_private_text("metrics.prom", prometheus_text(report, {"job": fingerprint[:12]}))
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
+
+
+def load_output_stats(ledger: OutputLedger, commits: list[Commit], fmt: str, skip: list[str]) -> OutputStats:
+    """The statistics of the committed parts: those ``stats.json`` kept, plus those of parts
+    committed after it was last written (a run killed outright), computed again from the files."""
+    from ..sinks.files import deserialize
+
+    saved = ledger.read_private(STATS)
+    kept = OutputStats.from_json(saved) if saved and saved.get("version") == 1 else OutputStats()
+    in_force = {c.file for c in commits if c.file}
+    out = OutputStats()
+    if kept.covers <= in_force:  # else it describes another job's parts (--overwrite): start again
+        out = kept
+    missing = sorted(in_force - out.covers)
+    if missing:
+        log.info("computing the statistics of %d part(s) committed after the last stats.json", len(missing))
+    for name in missing:
+        out.add(name, describe(deserialize(ledger.read_part(name), fmt), skip))
+    return out
 
 
 def prometheus_text(report: Mapping[str, Any], labels: Mapping[str, str]) -> str:

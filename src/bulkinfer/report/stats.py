@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .columns import OutputStats
+
 __all__ = ["STAGES", "RunStats"]
 
 STAGES = ("read", "preprocess", "infer", "write")
@@ -44,6 +46,8 @@ class RunStats:
     backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
     exports: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> rows, seconds
     routes: dict[str, int] = field(default_factory=dict)  # route -> rows this run ("default": the output's)
+    output: OutputStats = field(default_factory=OutputStats)  # column statistics of every part in force
+    drift: dict[str, Any] | None = None  # against monitor.baseline (report.drift.compare_stats)
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -145,6 +149,7 @@ class RunStats:
             "quality": self.quality,
             **({"backend": self.backend} if self.backend else {}),
             **({"routes": dict(self.routes)} if self.routes else {}),
+            **({"drift": self.drift} if self.drift else {}),
             **(
                 {
                     "exports": {

@@ -100,7 +100,10 @@ class Worker:
         done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
         self.runner = runner
         try:
-            runner.run([shard], lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag)))
+            skip = self.cfg.passthrough_columns
+            runner.run(
+                [shard], lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, skip=skip))
+            )
         finally:
             self.runner = None
         staged, table, routed = done[0]

@@ -55,6 +55,7 @@ class StagedOutput:
     failed: int
     first_error: str | None
     unit: str = ""  # the part's name without extension, even when it has no rows: what route targets key on
+    stats: dict[str, Any] | None = None  # the part's column statistics (report.columns.describe)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ __all__ = [
     "ERRORS",
     "EXTENSIONS",
     "FileSink",
+    "deserialize",
     "fsync_dir",
     "part_name",
     "publish",
@@ -71,6 +72,17 @@ def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
     else:  # pragma: no cover - config validation forbids it
         raise OutputError(f"sink.format: unknown format {fmt!r}")
     return buf.getvalue()
+
+
+def deserialize(data: bytes, fmt: str) -> pa.Table:
+    """The table in a part's bytes (JSONL and CSV with inferred types: CSV vectors come back as text)."""
+    if fmt == "parquet":
+        return pq.read_table(io.BytesIO(data))
+    if fmt == "csv":
+        return pacsv.read_csv(io.BytesIO(data))
+    import pyarrow.json as pajson
+
+    return pajson.read_json(io.BytesIO(data))
 
 
 def fsync_dir(path: Path) -> None:

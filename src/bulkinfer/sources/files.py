@@ -13,7 +13,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import SourceError
 
-__all__ = ["InputFile", "filesystem", "list_inputs", "open_binary", "path_or_file", "read_range"]
+__all__ = ["InputFile", "filesystem", "list_inputs", "open_binary", "path_or_file", "read_range", "read_whole"]
 
 _HASH_BYTES = 64 * 1024
 
@@ -54,6 +54,18 @@ def path_or_file(uri: str) -> Any:
     if isinstance(fs, LocalFileSystem):
         return path
     return fs.open(path, "rb")
+
+
+def read_whole(where: str) -> bytes | None:
+    """A small file (an output's manifest, plan or statistics), local or in an object store; None when absent."""
+    fs, path = filesystem(where)
+    try:
+        data: bytes = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"{where}: cannot read it ({' '.join(str(exc).split())[:200]})", where) from exc
+    return data
 
 
 def open_binary(uri: str) -> Any:

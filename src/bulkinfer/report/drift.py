@@ -1,0 +1,106 @@
+"""How far a run's output distributions moved from an earlier run's (``--baseline``):
+the population stability index (PSI) per column, class-share changes, the norm's shift and
+the mean vector's cosine. Computed from the two ``stats.json`` alone (their KLL sketches and
+histograms), never by reading the outputs again.
+
+PSI = sum over bins of (current share - baseline share) * ln(current share / baseline share),
+with the baseline's deciles as (right-closed) bins for numbers and norms, and the classes as bins for
+labels; shares are floored at 1e-4 so an empty bin does not make it infinite. The usual
+reading: under 0.1 stable, 0.1-0.25 a shift worth a look, over 0.25 a different population.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .columns import OutputStats, sketch_of, vector_of
+
+__all__ = ["EPS", "compare_stats", "psi", "psi_from_sketches"]
+
+EPS = 1e-4
+DECILES = [i / 10 for i in range(1, 10)]
+
+
+def psi(expected: Sequence[float], actual: Sequence[float]) -> float:
+    """PSI of two share vectors over the same bins."""
+    e = np.maximum(np.asarray(expected, np.float64), EPS)
+    a = np.maximum(np.asarray(actual, np.float64), EPS)
+    return float(((a - e) * np.log(a / e)).sum())
+
+
+def _shares(sk: Any, edges: list[float]) -> list[float]:
+    cdf = (
+        [0.0, *sk.get_cdf(edges, inclusive=True)] if edges else [0.0, 1.0]
+    )  # get_cdf ends with 1.0: len(edges) + 1 bins
+    return [max(0.0, hi - lo) for lo, hi in itertools.pairwise(cdf)]
+
+
+def psi_from_sketches(baseline: Any, current: Any) -> float | None:
+    """PSI of two KLL sketches over the baseline's deciles (None when either is empty)."""
+    if baseline is None or current is None or baseline.is_empty() or current.is_empty():
+        return None
+    edges = sorted({float(baseline.get_quantile(q, inclusive=True)) for q in DECILES})
+    return psi(_shares(baseline, edges), _shares(current, edges))
+
+
+def _class_drift(base: Mapping[str, int], cur: Mapping[str, int]) -> dict[str, Any]:
+    classes = sorted(set(base) | set(cur))
+    nb, nc = max(sum(base.values()), 1), max(sum(cur.values()), 1)
+    sb = [base.get(c, 0) / nb for c in classes]
+    sc = [cur.get(c, 0) / nc for c in classes]
+    return {
+        "psi": round(psi(sb, sc), 6),
+        "share_change": {c: round(b - a, 6) for c, a, b in zip(classes, sb, sc, strict=True)},
+        "new_classes": [c for c in classes if c not in base],
+        "gone_classes": [c for c in classes if c not in cur],
+    }
+
+
+def _mean(state: Mapping[str, Any]) -> float | None:
+    m = state["moments"]
+    return float(m["mean"]) if m["n"] else None
+
+
+def _column_drift(base: Mapping[str, Any], cur: Mapping[str, Any]) -> dict[str, Any] | None:
+    kind = cur["kind"]
+    if base["kind"] != kind:
+        return None
+    if kind == "label" and base.get("classes") is not None and cur.get("classes") is not None:
+        return {"kind": kind, **_class_drift(base["classes"], cur["classes"])}
+    key = "norm" if kind == "vector" else "values"
+    if key not in base or key not in cur:
+        return None
+    value = psi_from_sketches(sketch_of(base[key]), sketch_of(cur[key]))
+    out: dict[str, Any] = {"kind": kind, "psi": None if value is None else round(value, 6)}
+    mb, mc = _mean(base[key]), _mean(cur[key])
+    out["norm_shift" if kind == "vector" else "mean_shift"] = None if mb is None or mc is None else round(mc - mb, 6)
+    if kind == "vector" and base.get("sum") and cur.get("sum") and base["dim"] == cur["dim"]:
+        a, b = vector_of(base["sum"]), vector_of(cur["sum"])
+        denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+        out["mean_vector_cosine"] = round(float(a @ b) / denom, 6) if denom else None
+    return out
+
+
+def compare_stats(baseline: OutputStats, current: OutputStats, max_psi: float) -> dict[str, Any]:
+    """Per shared column: PSI and shifts; ``status`` is ``drift`` when a PSI is over ``max_psi``."""
+    columns: dict[str, Any] = {}
+    for name in sorted(set(baseline.columns) & set(current.columns)):
+        d = _column_drift(baseline.columns[name], current.columns[name])
+        if d is not None:
+            columns[name] = d
+    over = sorted(n for n, d in columns.items() if d.get("psi") is not None and d["psi"] > max_psi)
+    worst = max((d["psi"] for d in columns.values() if d.get("psi") is not None), default=None)
+    return {
+        "status": "drift" if over else "ok",
+        "max_psi": max_psi,
+        "worst_psi": None if worst is None or math.isnan(worst) else worst,
+        "over": over,
+        "columns": columns,
+        "only_in_baseline": sorted(set(baseline.columns) - set(current.columns)),
+        "only_in_current": sorted(set(current.columns) - set(baseline.columns)),
+    }
