@@ -401,6 +401,43 @@ def index(
     )
 
 
+@app.command()
+def compare(
+    old: Annotated[str, typer.Argument(help="The output in production (a finished folder or s3://...).")],
+    new: Annotated[str, typer.Argument(help="The candidate output, over the same ids.")],
+    id_column: Annotated[str | None, typer.Option("--id", help="Join column (default: the runs' id column).")] = None,
+    column: Annotated[list[str] | None, typer.Option(help="Only these output columns; comma-separated.")] = None,
+    sample: Annotated[int | None, typer.Option(help="About N ids, drawn by hash across the whole output.")] = None,
+    k: Annotated[int, typer.Option("--k", help="Neighbours per query for the top-K overlap.")] = 10,
+    queries: Annotated[int, typer.Option(help="Queries for the top-K overlap.")] = 200,
+    fail_if: Annotated[
+        str | None,
+        typer.Option(help='Exit 1 when this holds, e.g. "cosine.p5 < 0.95 or topk_overlap < 0.8" (see --json).'),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI); gate a rollout."""
+    _prepare(quiet)
+    from .compare import CompareSpec, compare_outputs, gate, summary_lines
+    from .errors import CheckFailed
+
+    spec = CompareSpec(id_column, tuple(_split(column) or ()), sample, k, queries)
+    try:
+        result = compare_outputs(old, new, spec)
+        failed, read = gate(fail_if, result["figures"]) if fail_if else (False, {})
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if fail_if:
+        result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
+    typer.echo(json.dumps(result, indent=1) if as_json else "\n".join(summary_lines(result)))
+    if failed:
+        shown = ", ".join(f"{n} = {'not measured' if v is None else round(v, 6)}" for n, v in read.items())
+        raise _fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); keep {old} in production"))
+    if fail_if and not as_json:
+        typer.echo(f"gate passed: {fail_if!r} does not hold")
+
+
 def main() -> None:
     """Console entry point."""
     app()

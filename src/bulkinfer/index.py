@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError, QualityGateError, SourceError
+from .outputs import Part, finished_output, normalise, part_batches
 from .sinks.files import write_bytes
-from .sources.files import read_whole
 
 __all__ = ["IndexReport", "IndexSpec", "build_index", "load_faiss", "load_index_meta", "valid_vectors"]
 
@@ -48,7 +48,6 @@ log = logging.getLogger("bulkinfer")
 
 Kind = Literal["flat", "hnsw", "ivf-pq"]
 Metric = Literal["cosine", "ip", "l2"]
-_BATCH = 8192
 
 
 @dataclass
@@ -92,45 +91,6 @@ def load_index_meta(path: str | Path) -> dict[str, Any]:
     if not Path(path).is_file() or not meta.is_file():
         raise ConfigError(f"{path}: no index there (an index is the file and its .json, written by bulkinfer index)")
     return dict(json.loads(meta.read_text()))
-
-
-# -- reading the output ------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Part:
-    path: str  # a local path or an object-store URI
-    name: str
-    rows: int
-    first: int  # global position of its first row
-
-
-def _parts(out: str) -> tuple[list[_Part], dict[str, Any]]:
-    from .ledger import PRIVATE, SUCCESS
-
-    manifest = read_whole(f"{out}/{SUCCESS}")
-    if manifest is None:
-        raise SourceError(f"{out}: no finished run here (no _SUCCESS); let the job complete first", out)
-    plan = read_whole(f"{out}/{PRIVATE}/job.json")
-    job = json.loads(plan) if plan else {}
-    parts, first = [], 0
-    for f in json.loads(manifest)["files"]:
-        if not f["name"].endswith(".parquet"):
-            raise SourceError(f"{out}/{f['name']}: only Parquet output can be indexed", out)
-        parts.append(_Part(f"{out}/{f['name']}", f["name"], int(f["rows"]), first))
-        first += int(f["rows"])
-    return parts, job
-
-
-def _batches(part: _Part, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    from .sources.files import path_or_file
-
-    pf = pq.ParquetFile(path_or_file(part.path))
-    missing = [c for c in columns if c not in pf.schema_arrow.names]
-    if missing:
-        raise SourceError(
-            f"{part.path}: no column {missing[0]!r} (it has {', '.join(pf.schema_arrow.names)}); pass --column",
-            str(part.path),
-        )
-    yield from pf.iter_batches(batch_size=_BATCH, columns=columns)
 
 
 def valid_vectors(col: pa.Array, dim: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -234,9 +194,9 @@ def build_index(
     """Build ``dest`` (and its ``.ids.parquet``, ``.json``) from the finished output ``output``;
     ``on_rows(done, total)`` follows the add pass (the CLI draws a bar with it)."""
     faiss = load_faiss()
-    out = str(output).rstrip("/") if "://" in str(output) else str(Path(output).expanduser())
+    out = normalise(output)
     dest = Path(dest).expanduser()
-    parts, job = _parts(out)
+    parts, job = finished_output(out)
     config = job.get("config", {})
     id_column = config.get("source", {}).get("id_column")
     if not id_column:
@@ -279,7 +239,7 @@ def build_index(
     added = done = 0
     for part in parts:
         offset = 0
-        for batch in _batches(part, [spec.column, id_column]):
+        for batch in part_batches(part, [spec.column, id_column]):
             mat, keep, reasons = valid_vectors(batch.column(spec.column), dim)
             for i, why in enumerate(reasons):
                 if why:
@@ -370,7 +330,7 @@ def build_index(
     return report
 
 
-def _gather(parts: list[_Part], column: str, positions: np.ndarray) -> tuple[np.ndarray, int | None]:
+def _gather(parts: list[Part], column: str, positions: np.ndarray) -> tuple[np.ndarray, int | None]:
     """The valid vectors at global ``positions`` (sorted), and the output's dimension."""
     rows: list[np.ndarray] = []
     dim: int | None = None
@@ -380,7 +340,7 @@ def _gather(parts: list[_Part], column: str, positions: np.ndarray) -> tuple[np.
             continue
         local = positions[lo:hi] - part.first
         offset = 0
-        for batch in _batches(part, [column]):
+        for batch in part_batches(part, [column]):
             mine = local[(local >= offset) & (local < offset + batch.num_rows)] - offset
             if len(mine):
                 mat, _, _ = valid_vectors(batch.column(column).take(pa.array(mine)), dim)  # the first vector sets dim

@@ -30,7 +30,10 @@ __all__ = [
     "OutputStats",
     "column_kind",
     "describe",
+    "distribution",
+    "merge_distribution",
     "sketch_of",
+    "summary",
     "vector_of",
 ]
 
@@ -90,21 +93,21 @@ def _merge_moments(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _distribution(values: np.ndarray) -> dict[str, Any]:
-    """Moments and a KLL sketch of finite values."""
+def distribution(values: np.ndarray) -> dict[str, Any]:
+    """Moments and a KLL sketch of finite values (a mergeable state: :func:`merge_distribution`)."""
     sk = _sketch()
     if len(values):
         sk.update(values)
     return {"moments": _moments(values), "sketch": base64.b64encode(sk.serialize()).decode()}
 
 
-def _merge_distribution(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+def merge_distribution(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     sk = _sketch(a["sketch"])
     sk.merge(_sketch(b["sketch"]))
     return {"moments": _merge_moments(a["moments"], b["moments"]), "sketch": base64.b64encode(sk.serialize()).decode()}
 
 
-def _summary(dist: Mapping[str, Any]) -> dict[str, Any]:
+def summary(dist: Mapping[str, Any]) -> dict[str, Any]:
     m = dist["moments"]
     out: dict[str, Any] = {
         "mean": m["mean"] if m["n"] else None,
@@ -148,10 +151,10 @@ def _describe_column(col: pa.ChunkedArray) -> dict[str, Any]:
     if kind == "label":
         state["classes"] = _histogram(col)
         if pa.types.is_integer(col.type):
-            state["values"] = _distribution(col.drop_null().to_numpy().astype(np.float64))
+            state["values"] = distribution(col.drop_null().to_numpy().astype(np.float64))
     elif kind == "number":
         values, state["nan"], state["inf"] = _finite(col.drop_null().to_numpy(zero_copy_only=False).astype(np.float64))
-        state["values"] = _distribution(values)
+        state["values"] = distribution(values)
     elif kind == "vector":
         state.update(_describe_vectors(col))
     return state
@@ -161,7 +164,7 @@ def _describe_vectors(col: pa.ChunkedArray) -> dict[str, Any]:
     present = col.drop_null()
     out: dict[str, Any] = {"dim": None, "nonfinite": 0, "sum": None}
     if not len(present):
-        out["norm"] = _distribution(np.empty(0))
+        out["norm"] = distribution(np.empty(0))
         return out
     arr = present.combine_chunks()
     sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
@@ -173,7 +176,7 @@ def _describe_vectors(col: pa.ChunkedArray) -> dict[str, Any]:
         out["nonfinite"] = int((~finite).sum())
         good = mat[finite]
         out["sum"] = base64.b64encode(good.sum(axis=0).astype("<f8").tobytes()).decode()
-        out["norm"] = _distribution(np.linalg.norm(good, axis=1))
+        out["norm"] = distribution(np.linalg.norm(good, axis=1))
         return out
     norms, nonfinite = [], 0  # ragged lists: no mean vector
     offsets = np.concatenate([[0], np.cumsum(sizes)])
@@ -185,7 +188,7 @@ def _describe_vectors(col: pa.ChunkedArray) -> dict[str, Any]:
             nonfinite += 1
     out["nonfinite"] = nonfinite
     out["dim"] = -1  # several dimensions
-    out["norm"] = _distribution(np.asarray(norms, np.float64))
+    out["norm"] = distribution(np.asarray(norms, np.float64))
     return out
 
 
@@ -207,7 +210,7 @@ def _merge_column(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
             out["classes"] = merged if len(merged) <= MAX_CLASSES else None
     for key in ("values", "norm"):
         if key in a and key in b:
-            out[key] = _merge_distribution(a[key], b[key])
+            out[key] = merge_distribution(a[key], b[key])
     if a["kind"] == "vector":
         out["dim"] = a["dim"] if a["dim"] == b["dim"] or b["dim"] is None else (b["dim"] if a["dim"] is None else -1)
         if out["dim"] not in (None, -1) and (a["sum"] or b["sum"]):
@@ -237,10 +240,10 @@ def _column_summary(state: Mapping[str, Any]) -> dict[str, Any]:
         if classes is None:
             out["classes_note"] = f"over {MAX_CLASSES} distinct values: no histogram"
     if "values" in state:
-        out.update(_summary(state["values"]))
+        out.update(summary(state["values"]))
     if state["kind"] == "vector":
         out["dim"] = state["dim"]
-        out["norm"] = _summary(state["norm"])
+        out["norm"] = summary(state["norm"])
         n = state["norm"]["moments"]["n"]
         out["mean_vector"] = [round(float(x), 6) for x in vector_of(state["sum"]) / n] if state["sum"] and n else None
     return out

@@ -1,0 +1,554 @@
+"""``bulkinfer compare OLD/ NEW/``: two finished outputs joined by id, column by column: the
+canary check between "new model output written" and "switch the pointer".
+
+Both outputs are hash-partitioned by id into buckets on local disk (a bucket holds about
+``bucket_rows`` rows), then joined one bucket at a time, so memory is bounded by a bucket
+and never by the outputs. ``--sample N`` keeps the rows whose id hashes below a threshold:
+the same ids on both sides, drawn across the whole output.
+
+Per shared output column:
+
+* vectors: the cosine of each row's old and new vector (mean, min, p1, p5, p50, from a KLL
+  sketch), and the top-K neighbour overlap: for ``queries`` rows (the lowest id hashes), the
+  share of their K nearest neighbours (cosine, among the compared rows) found in both spaces.
+  Dimensions may differ (a new model): the overlap is still defined, the cosine is not.
+* labels: agreement, the confusion matrix and, per class, rows that left it and joined it.
+* numbers: the mean shift, the mean absolute change per row, the KS statistic and the PSI
+  of the new distribution against the old one.
+
+Plus rows only in OLD, only in NEW, and the rows that failed in each. ``figures`` flattens
+all of it into names (``embedding.cosine.p5``, ``topk_overlap``...) that ``--fail-if`` reads
+with the expression language of routes: a gate, never ``eval``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import SourceError
+from .outputs import Part, finished_output, normalise, part_batches
+from .records import decode_records
+from .report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
+from .report.drift import psi_from_sketches
+from .sources.files import read_whole
+
+__all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
+
+_H = "__bulkinfer_hash"
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    id_column: str | None = None  # None: the id column both runs were given
+    columns: tuple[str, ...] = ()  # () : every shared output column
+    sample: int | None = None  # about this many ids, drawn by hash across the whole output
+    k: int = 10
+    queries: int = 200
+    bucket_rows: int = 200_000
+
+
+# -- ids -> 64-bit hashes (the same on both sides, whatever the part layout) ---------------
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def id_hashes(ids: pa.Array) -> np.ndarray:
+    """A 64-bit hash per id: integers through splitmix64, anything else through BLAKE2b of its text."""
+    if pa.types.is_integer(ids.type) and ids.null_count == 0:
+        return _splitmix(ids.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64))
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little") for v in ids.to_pylist()),
+        np.uint64,
+        len(ids),
+    )
+
+
+# -- partitioning -----------------------------------------------------------------------
+def _partition(
+    parts: list[Part], columns: list[str], folder: Path, buckets: int, threshold: int | None
+) -> tuple[int, list[Path]]:
+    """Write ``columns`` (and each row's id hash) of every part into ``buckets`` files; return the rows kept."""
+    writers: dict[int, pq.ParquetWriter] = {}
+    paths = [folder / f"b{b:05d}.parquet" for b in range(buckets)]
+    kept = 0
+    try:
+        for part in parts:
+            for batch in part_batches(part, columns, "compare needs it in both outputs"):
+                h = id_hashes(batch.column(0))
+                table = pa.Table.from_batches([batch]).append_column(_H, pa.array(h, pa.uint64()))
+                if threshold is not None:
+                    keep = h < np.uint64(threshold)
+                    table, h = table.filter(pa.array(keep)), h[keep]
+                kept += table.num_rows
+                which = (h % np.uint64(buckets)).astype(np.int64)
+                for b in np.unique(which):
+                    rows = table.filter(pa.array(which == b))
+                    if b not in writers:
+                        writers[b] = pq.ParquetWriter(paths[b], rows.schema, compression="lz4")
+                    writers[b].write_table(rows)
+    finally:
+        for w in writers.values():
+            w.close()
+    return kept, paths
+
+
+def _read_bucket(path: Path, schema: pa.Schema) -> pa.Table:
+    return pq.read_table(path) if path.exists() else schema.empty_table()
+
+
+# -- per-kind accumulators ------------------------------------------------------------------
+def _matrix(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as a float64 matrix and which rows are valid (present, one dimension, finite)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(arr)
+    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
+    if not valid.any():
+        return np.zeros((n, 0)), valid
+    sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    dim = int(sizes[valid][0])
+    valid &= np.nan_to_num(sizes, nan=-1).astype(np.int64) == dim
+    mat = np.zeros((n, dim))
+    if valid.any():
+        mat[valid] = pc.list_flatten(arr.filter(pa.array(valid))).to_numpy(zero_copy_only=False).reshape(-1, dim)
+    valid &= np.isfinite(mat).all(axis=1)
+    return mat, valid
+
+
+def _unit(m: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
+
+
+class _Vectors:
+    def __init__(self) -> None:
+        self.cos: dict[str, Any] | None = None
+        self.dims: tuple[int, int] | None = None
+        self.invalid = 0
+        self.queries: list[tuple[int, np.ndarray, np.ndarray]] = []  # (hash, old unit, new unit)
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray, h: np.ndarray, n_queries: int) -> None:
+        mo, vo = _matrix(old)
+        mn, vn = _matrix(new)
+        both = vo & vn
+        self.invalid += int((~both).sum())
+        if not both.any():
+            return
+        self.dims = self.dims or (mo.shape[1], mn.shape[1])
+        uo, un = _unit(mo[both]), _unit(mn[both])
+        if uo.shape[1] == un.shape[1]:
+            cos = distribution(np.einsum("ij,ij->i", uo, un))
+            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
+        hb = h[both]
+        for i in np.argsort(hb)[:n_queries]:
+            self.queries.append((int(hb[i]), uo[i], un[i]))
+        self.queries = sorted(self.queries, key=lambda q: q[0])[:n_queries]
+
+
+class _TopK:
+    """Running top-K neighbours of the queries in one space (ids are the rows' hashes)."""
+
+    def __init__(self, q: np.ndarray, q_ids: np.ndarray, k: int) -> None:
+        self.q, self.q_ids, self.k = q, q_ids, k
+        self.scores = np.full((len(q), 0), -np.inf)
+        self.ids = np.zeros((len(q), 0), np.uint64)
+
+    def add(self, m: np.ndarray, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        sims = self.q @ m.T
+        sims[self.q_ids[:, None] == ids[None, :]] = -np.inf  # a row is not its own neighbour
+        scores = np.concatenate([self.scores, sims], axis=1)
+        all_ids = np.concatenate([self.ids, np.broadcast_to(ids, (len(self.q), len(ids)))], axis=1)
+        keep = min(self.k, scores.shape[1])
+        top = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
+        self.scores = np.take_along_axis(scores, top, axis=1)
+        self.ids = np.take_along_axis(all_ids, top, axis=1)
+
+    def neighbour_sets(self) -> list[set[int]]:
+        return [
+            {int(i) for i, s in zip(ids, sc, strict=True) if s > -np.inf}
+            for ids, sc in zip(self.ids, self.scores, strict=True)
+        ]
+
+
+class _Labels:
+    def __init__(self) -> None:
+        self.agree = 0
+        self.n = 0
+        self.confusion: Counter[tuple[str, str]] | None = Counter()
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
+        a = ["null" if v is None else _text(v) for v in old.to_pylist()]
+        b = ["null" if v is None else _text(v) for v in new.to_pylist()]
+        self.n += len(a)
+        self.agree += sum(x == y for x, y in zip(a, b, strict=True))
+        if self.confusion is not None:
+            self.confusion.update(zip(a, b, strict=True))
+            if len({k for pair in self.confusion for k in pair}) > MAX_CLASSES:
+                self.confusion = None
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "label", "agreement": self.agree / self.n if self.n else None}
+        if self.confusion is None:
+            out["confusion_note"] = f"over {MAX_CLASSES} classes: no confusion matrix"
+            return out
+        classes = sorted({k for pair in self.confusion for k in pair})
+        out["classes"] = classes
+        out["confusion"] = {o: {n: self.confusion.get((o, n), 0) for n in classes} for o in classes}
+        out["flips"] = {
+            c: {
+                "left": sum(v for (o, n), v in self.confusion.items() if o == c and n != c),
+                "joined": sum(v for (o, n), v in self.confusion.items() if n == c and o != c),
+            }
+            for c in classes
+        }
+        return out
+
+
+def _text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class _Numbers:
+    def __init__(self) -> None:
+        self.old: dict[str, Any] | None = None
+        self.new: dict[str, Any] | None = None
+        self.abs_diff = 0.0
+        self.paired = 0
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
+        a = old.to_numpy(zero_copy_only=False).astype(np.float64)
+        b = new.to_numpy(zero_copy_only=False).astype(np.float64)
+        da, db = distribution(a[np.isfinite(a)]), distribution(b[np.isfinite(b)])
+        self.old = da if self.old is None else merge_distribution(self.old, da)
+        self.new = db if self.new is None else merge_distribution(self.new, db)
+        both = np.isfinite(a) & np.isfinite(b)
+        self.abs_diff += float(np.abs(a[both] - b[both]).sum())
+        self.paired += int(both.sum())
+
+    def figures(self) -> dict[str, Any]:
+        if self.old is None or self.new is None:
+            return {"kind": "number", "mean_shift": None, "mean_abs_diff": None, "ks": None, "psi": None}
+        so, sn = summary(self.old), summary(self.new)
+        shift = None if so["mean"] is None or sn["mean"] is None else sn["mean"] - so["mean"]
+        ko, kn = sketch_of(self.old), sketch_of(self.new)
+        return {
+            "kind": "number",
+            "mean_old": so["mean"],
+            "mean_new": sn["mean"],
+            "mean_shift": shift,
+            "mean_abs_diff": self.abs_diff / self.paired if self.paired else None,
+            "ks": ks_from_sketches(ko, kn),
+            "psi": psi_from_sketches(ko, kn),
+            "quantiles_old": so["quantiles"],
+            "quantiles_new": sn["quantiles"],
+        }
+
+
+def ks_from_sketches(a: Any, b: Any) -> float | None:
+    """The two-sample Kolmogorov-Smirnov statistic, max |F_a(x) - F_b(x)|, evaluated at the
+    sketches' quantiles on a grid of 1/1000 (exact while the sketches hold every value)."""
+    if a is None or b is None or a.is_empty() or b.is_empty():
+        return None
+    grid = [i / 1000 for i in range(1, 1001)]
+    points = sorted({float(s.get_quantile(q, inclusive=True)) for s in (a, b) for q in grid})
+    fa = np.asarray(a.get_cdf(points, inclusive=True)[:-1])
+    fb = np.asarray(b.get_cdf(points, inclusive=True)[:-1])
+    return float(np.abs(fa - fb).max())
+
+
+# -- the comparison -------------------------------------------------------------------------
+def _failed_ids(out: str) -> tuple[int, set[Any]]:
+    """Rows failed in a finished output: their count (from _SUCCESS) and the ids the records name."""
+    import json
+
+    manifest = json.loads(read_whole(f"{out}/_SUCCESS") or b"{}")
+    ids: set[Any] = set()
+    for name in manifest.get("error_files", []):
+        data = read_whole(f"{out}/{name}")
+        for rec in decode_records(data or b""):
+            if rec.id is not None:
+                ids.add(rec.id)
+    return int(manifest.get("rows_failed", 0)), ids
+
+
+def _schema(parts: list[Part]) -> pa.Schema | None:
+    from .sources.files import path_or_file
+
+    return pq.ParquetFile(path_or_file(parts[0].path)).schema_arrow if parts else None
+
+
+def _passthrough(job: Mapping[str, Any]) -> set[str]:
+    cfg = job.get("config", {})
+    return {c for c in [cfg.get("source", {}).get("id_column"), *cfg.get("sink", {}).get("keep_columns", [])] if c}
+
+
+def compare_outputs(
+    old: str | Path,
+    new: str | Path,
+    spec: CompareSpec = CompareSpec(),
+    on_bucket: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Compare two finished outputs (see the module's docstring); returns every figure."""
+    a, b = normalise(old), normalise(new)
+    parts_a, job_a = finished_output(a, "compared")
+    parts_b, job_b = finished_output(b, "compared")
+    id_col = spec.id_column or job_a.get("config", {}).get("source", {}).get("id_column")
+    if not id_col:
+        raise SourceError(f"{a}: the run had no source.id_column; pass --id with the column both outputs share", a)
+    sa, sb = _schema(parts_a), _schema(parts_b)
+    names_a = [n for n in (sa.names if sa else []) if n not in _passthrough(job_a) | {id_col}]
+    names_b = [n for n in (sb.names if sb else []) if n not in _passthrough(job_b) | {id_col}]
+    shared = [n for n in names_a if n in names_b and (not spec.columns or n in spec.columns)]
+    unknown = [c for c in spec.columns if c not in shared]
+    if unknown:
+        raise SourceError(f"--column {unknown[0]}: not an output column of both (shared: {', '.join(shared)})", a)
+    if sa is not None and sb is not None:
+        ta, tb = sa.field(id_col).type, sb.field(id_col).type
+        if ta != tb:
+            raise SourceError(f"{b}: id column {id_col!r} is {tb} there and {ta} in {a}; compare needs one id type", b)
+    rows_a, rows_b = sum(p.rows for p in parts_a), sum(p.rows for p in parts_b)
+    biggest = max(rows_a, rows_b, 1)
+    threshold = None
+    if spec.sample is not None and spec.sample < biggest:
+        threshold = int(spec.sample / biggest * 2**64)
+    expected = min(biggest, spec.sample or biggest)
+    buckets = max(1, math.ceil(expected / spec.bucket_rows))
+    kinds = {n: column_kind(sa.field(n).type) for n in shared} if sa else {}
+    compared = [n for n in shared if kinds[n] in ("vector", "label", "number")]
+    cols = [id_col, *compared]
+
+    with tempfile.TemporaryDirectory(prefix="bulkinfer-compare-") as tmp:
+        (Path(tmp) / "a").mkdir()
+        (Path(tmp) / "b").mkdir()
+        kept_a, paths_a = _partition(parts_a, cols, Path(tmp) / "a", buckets, threshold)
+        kept_b, paths_b = _partition(parts_b, cols, Path(tmp) / "b", buckets, threshold)
+        empty_a = pa.schema([*(sa.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sa else None
+        empty_b = pa.schema([*(sb.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sb else None
+        acc: dict[str, Any] = {
+            n: {"vector": _Vectors, "label": _Labels, "number": _Numbers}[kinds[n]]() for n in compared
+        }
+        joined = only_a = only_b = 0
+        for i, (ta, tb, n_only_a, n_only_b) in enumerate(_joined(paths_a, paths_b, empty_a, empty_b, id_col, a, b)):
+            only_a, only_b, joined = only_a + n_only_a, only_b + n_only_b, joined + ta.num_rows
+            h = ta.column(_H).to_numpy()
+            for n in compared:
+                if kinds[n] == "vector":
+                    acc[n].add(ta.column(n), tb.column(n), h, spec.queries)
+                else:
+                    acc[n].add(ta.column(n), tb.column(n))
+            if on_bucket:
+                on_bucket(i + 1, 2 * buckets)
+        overlaps = {
+            n: _overlap(acc[n], paths_a, paths_b, empty_a, empty_b, id_col, n, spec.k, a, b, on_bucket, buckets)
+            for n in compared
+            if kinds[n] == "vector"
+        }
+
+    failed_a, ids_a = _failed_ids(a)
+    failed_b, ids_b = _failed_ids(b)
+    columns: dict[str, Any] = {}
+    for n in compared:
+        if kinds[n] == "vector":
+            v: _Vectors = acc[n]
+            fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
+            if v.cos is not None:
+                s = summary(v.cos)
+                q = s["quantiles"] or {}
+                fig["cosine"] = {"mean": s["mean"], "min": s["min"], "p1": q.get("p1"), "p5": q.get("p5"),
+                                 "p50": q.get("p50")}  # fmt: skip
+            else:
+                fig["cosine"] = None
+                if v.dims and v.dims[0] != v.dims[1]:
+                    fig["cosine_note"] = f"dimensions differ ({v.dims[0]} vs {v.dims[1]}): no row-wise cosine"
+            fig.update(overlaps[n])
+            columns[n] = fig
+        else:
+            columns[n] = acc[n].figures()
+    result: dict[str, Any] = {
+        "old": a,
+        "new": b,
+        "id_column": id_col,
+        "rows_old": rows_a,
+        "rows_new": rows_b,
+        "sample": spec.sample if threshold is not None else None,
+        "rows_sampled_old": kept_a,
+        "rows_sampled_new": kept_b,
+        "rows_compared": joined,
+        "only_in_old": only_a,
+        "only_in_new": only_b,
+        "failed_old": failed_a,
+        "failed_new": failed_b,
+        "newly_failed": len(ids_b - ids_a) if ids_b else 0,
+        "columns": columns,
+        "not_compared": {
+            **{n: f"{kinds[n]} column: not compared" for n in shared if n not in compared},
+            **{n: "only in OLD" for n in names_a if n not in names_b},
+            **{n: "only in NEW" for n in names_b if n not in names_a},
+        },
+    }
+    result["figures"] = figures(result)
+    return result
+
+
+def _joined(
+    paths_a: list[Path], paths_b: list[Path], sa: Any, sb: Any, id_col: str, a: str, b: str
+) -> Iterator[tuple[pa.Table, pa.Table, int, int]]:
+    """Each bucket's rows present on both sides, in matching order, and how many rows only
+    one side has (ids are unique on each side, so the counts are exact)."""
+    for pa_, pb_ in zip(paths_a, paths_b, strict=True):
+        ta, tb = _read_bucket(pa_, sa), _read_bucket(pb_, sb)
+        for t, where in ((ta, a), (tb, b)):
+            if pc.count_distinct(t.column(id_col)).as_py() != t.num_rows:
+                raise SourceError(f"{where}: ids in {id_col!r} repeat; compare needs one row per id", where)
+        left = pa.table({"k": ta.column(id_col), "i": pa.array(np.arange(ta.num_rows))})
+        right = pa.table({"k": tb.column(id_col), "j": pa.array(np.arange(tb.num_rows))})
+        pairs = left.join(right, "k", join_type="inner").sort_by("i")
+        n = pairs.num_rows
+        yield ta.take(pairs.column("i")), tb.take(pairs.column("j")), ta.num_rows - n, tb.num_rows - n
+
+
+def _overlap(
+    v: _Vectors,
+    paths_a: list[Path],
+    paths_b: list[Path],
+    sa: Any,
+    sb: Any,
+    id_col: str,
+    column: str,
+    k: int,
+    a: str,
+    b: str,
+    on_bucket: Callable[[int, int], None] | None,
+    buckets: int,
+) -> dict[str, Any]:
+    """Top-K neighbour overlap of the queries, in OLD's space and in NEW's, over every compared row."""
+    if not v.queries:
+        return {"topk_overlap": None, "k": k, "queries": 0}
+    q_ids = np.asarray([q[0] for q in v.queries], np.uint64)
+    old_k = _TopK(np.stack([q[1] for q in v.queries]), q_ids, k)
+    new_k = _TopK(np.stack([q[2] for q in v.queries]), q_ids, k)
+    for i, (ta, tb, _, _) in enumerate(_joined(paths_a, paths_b, sa, sb, id_col, a, b)):
+        mo, vo = _matrix(ta.column(column))
+        mn, vn = _matrix(tb.column(column))
+        both = vo & vn
+        h = ta.column(_H).to_numpy()[both]
+        old_k.add(_unit(mo[both]), h)
+        new_k.add(_unit(mn[both]), h)
+        if on_bucket:
+            on_bucket(buckets + i + 1, 2 * buckets)
+    per_query = [
+        len(x & y) / max(len(x), 1) for x, y in zip(old_k.neighbour_sets(), new_k.neighbour_sets(), strict=True)
+    ]
+    return {"topk_overlap": float(np.mean(per_query)), "k": k, "queries": len(per_query)}
+
+
+def figures(result: Mapping[str, Any]) -> dict[str, float | None]:
+    """Every figure under one flat name (``embedding.cosine.p5``); a figure of the only column of
+    its kind also goes by its short name (``cosine.p5``, ``topk_overlap``, ``agreement``, ``ks``)."""
+    out: dict[str, float | None] = {
+        k: result[k]
+        for k in ("rows_compared", "only_in_old", "only_in_new", "failed_old", "failed_new", "newly_failed")
+    }
+    by_kind: dict[str, list[str]] = {}
+    for name, col in result["columns"].items():
+        by_kind.setdefault(col["kind"], []).append(name)
+        flat: dict[str, float | None] = {}
+        if col["kind"] == "vector":
+            for q, v in (col["cosine"] or dict.fromkeys(("mean", "min", "p1", "p5", "p50"))).items():
+                flat[f"cosine.{q}"] = v
+            flat["topk_overlap"] = col["topk_overlap"]
+        elif col["kind"] == "label":
+            flat["agreement"] = col["agreement"]
+        else:
+            for key in ("mean_shift", "mean_abs_diff", "ks", "psi"):
+                flat[key] = col[key]
+        for key, value in flat.items():
+            out[f"{name}.{key}"] = value
+        col["_flat"] = flat
+    for names in by_kind.values():
+        if len(names) == 1:
+            out.update(result["columns"][names[0]].pop("_flat"))
+    for col in result["columns"].values():
+        col.pop("_flat", None)
+    return out
+
+
+def gate(condition: str, figs: Mapping[str, float | None]) -> tuple[bool, dict[str, float | None]]:
+    """Whether ``condition`` holds for the figures (then the gate fails), and the figures it read.
+    A figure it reads that could not be computed fails the gate: a canary that measured nothing
+    must not pass."""
+    from .expr import ExprError, columns, mask, parse
+
+    node = parse(condition, "--fail-if")
+    used = sorted(columns(node))
+    unknown = [n for n in used if n not in figs]
+    if unknown:
+        raise ExprError(f"--fail-if: no figure {unknown[0]!r}; the figures are: {', '.join(sorted(figs))}")
+    read = {n: figs[n] for n in used}
+    missing = [n for n, v in read.items() if v is None or (isinstance(v, float) and math.isnan(v))]
+    if missing:
+        return True, read
+    table = pa.table({n: pa.array([float(v)], pa.float64()) for n, v in read.items()})  # type: ignore[arg-type]
+    return bool(mask(node, table, "--fail-if")[0].as_py()), read
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def summary_lines(result: Mapping[str, Any]) -> list[str]:
+    """The comparison for a person: one line per figure group."""
+    lines = [
+        f"{result['old']} -> {result['new']} (by {result['id_column']})",
+        f"rows: {result['rows_compared']} compared"
+        + (f" (a sample of about {result['sample']})" if result["sample"] else "")
+        + f", {result['only_in_old']} only in OLD, {result['only_in_new']} only in NEW; "
+        f"failed: {result['failed_old']} in OLD, {result['failed_new']} in NEW ({result['newly_failed']} newly)",
+    ]
+    for name, col in result["columns"].items():
+        if col["kind"] == "vector":
+            cos = col["cosine"]
+            cos_text = (
+                col.get("cosine_note", "no row to compare")
+                if cos is None
+                else " ".join(f"{k} {_fmt(cos[k])}" for k in ("mean", "p50", "p5", "p1", "min"))
+            )
+            lines.append(
+                f"{name} (vector {col['dims']}): cosine {cos_text}; "
+                f"top-{col['k']} overlap {_fmt(col['topk_overlap'])} over {col['queries']} queries"
+            )
+        elif col["kind"] == "label":
+            flips = ", ".join(
+                f"{c} -{f['left']}/+{f['joined']}" for c, f in col.get("flips", {}).items() if f["left"] or f["joined"]
+            )
+            lines.append(f"{name} (label): agreement {_fmt(col['agreement'])}" + (f"; flips {flips}" if flips else ""))
+        else:
+            lines.append(
+                f"{name} (number): mean {_fmt(col.get('mean_old'))} -> {_fmt(col.get('mean_new'))} "
+                f"(shift {_fmt(col['mean_shift'])}), mean |change| {_fmt(col['mean_abs_diff'])}, "
+                f"KS {_fmt(col['ks'])}, PSI {_fmt(col['psi'])}"
+            )
+    for name, why in result["not_compared"].items():
+        lines.append(f"{name}: {why}")
+    return lines
