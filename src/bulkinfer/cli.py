@@ -312,13 +312,17 @@ def inspect(
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Show what is committed, what remains, errors and the job fingerprint."""
-    from .status import inspect_output
+    """Show what is committed, what remains, errors and the job fingerprint; for one part file,
+    its provenance (job, model, input file and rows) and whether _SUCCESS vouches for it."""
+    from .status import inspect_output, inspect_part, is_part_file
 
     try:
-        info = inspect_output(output)
+        info = inspect_part(output) if is_part_file(output) else inspect_output(output)
     except BulkinferError as exc:
         raise _fail(exc) from None
+    if "provenance" in info:
+        _print_part(info, as_json)
+        return
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
@@ -342,6 +346,23 @@ def inspect(
     if info["last_run"]:
         lr = info["last_run"]
         typer.echo(f"  last run         {lr['status']}, {lr['rows_out']} rows, {lr['rows_per_s']} rows/s")
+
+
+def _print_part(info: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(info, indent=1))
+        return
+    typer.echo(f"{info['file']}: {info['rows']} rows, {info['bytes']} bytes; columns {', '.join(info['columns'])}")
+    p = info["provenance"]
+    if p is None:
+        typer.echo("  no provenance in its metadata: not a part written by bulkinfer")
+    else:
+        typer.echo(f"  job fingerprint  {p['job_fingerprint']} (bulkinfer {p['bulkinfer_version']})")
+        typer.echo(f"  model            {p['model_kind']} {p['model']} (digest {p['model_digest']}, {p['precision']})")
+        lo, hi = p["input_rows"]
+        typer.echo(f"  input            {p['input']} rows {lo}-{hi} (shard {p['shard']})")
+    vouched = {True: "listed in _SUCCESS, checksum matches", False: "listed in _SUCCESS with ANOTHER checksum"}
+    typer.echo(f"  committed        {vouched.get(info['in_manifest'], 'no _SUCCESS beside it lists this file')}")
 
 
 @app.command()

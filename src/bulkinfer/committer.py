@@ -7,10 +7,11 @@ hidden name and published; only the ledger line, appended last, makes them count
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ErrorBudgetExceeded
 from .faults import crash_point
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
     from .sources import Shard
 
 __all__ = [
+    "PROVENANCE_KEY",
     "Committer",
+    "PartStamp",
     "RetryCommitter",
     "RetryUnit",
     "error_budget",
@@ -69,6 +72,27 @@ def remaining_work(planned: list[Shard], commits: list[Commit]) -> list[Shard]:
     return todo
 
 
+@dataclass(frozen=True)
+class PartStamp:
+    """What every part carries besides its rows: its column statistics (of every column but
+    the passthrough ones in ``skip``) and, in Parquet key-value metadata under ``bulkinfer``,
+    its provenance (the job's, plus the input file and row range), so a part copied elsewhere
+    still says where it came from."""
+
+    skip: tuple[str, ...] = ()
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def stamp(self, table: pa.Table, shard: Shard) -> pa.Table:
+        if not self.provenance:
+            return table
+        mine = {**self.provenance, "input": shard.uri, "input_rows": [shard.start, shard.stop], "shard": shard.index}
+        meta = {**(table.schema.metadata or {}), PROVENANCE_KEY: json.dumps(mine, sort_keys=True).encode()}
+        return table.replace_schema_metadata(meta)
+
+
+PROVENANCE_KEY = b"bulkinfer"
+
+
 def stage_routed(
     sink: Sink,
     routes: list[Route],
@@ -76,15 +100,16 @@ def stage_routed(
     start: int | None,
     tag: str = "",
     name: str | None = None,
-    skip: Collection[str] = (),
+    stamp: PartStamp | None = None,
 ) -> tuple[StagedOutput, pa.Table, dict[str, pa.Table]]:
-    """Split a shard's rows by route (first match), stage the default route's rows as the part
-    with their column statistics (``skip``: the passthrough columns); return the staged part,
+    """Split a shard's rows by route (first match), stage the default route's rows as the part,
+    stamped with its provenance and carrying its column statistics; return the staged part,
     its rows and each route's rows (for the driver to write)."""
+    stamp = stamp or PartStamp()
     rest, routed = split(routes, out.table) if routes else (out.table, {})
-    staged = sink.stage(replace(out, table=rest) if routes else out, start, tag, name)
+    staged = sink.stage(replace(out, table=stamp.stamp(rest, out.shard)), start, tag, name)
     if staged.part is not None:
-        staged = replace(staged, stats=describe(rest, skip))
+        staged = replace(staged, stats=describe(rest, stamp.skip))
     return staged, rest, routed
 
 
@@ -137,14 +162,14 @@ class Committer:
     first_error: str | None = None
     routes: list[Route] = field(default_factory=list)
     route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
+    stamp: PartStamp = field(default_factory=PartStamp)
 
     @property
     def budget(self) -> int:
         return error_budget(self.cfg, self.stats.rows_planned)
 
     def __call__(self, out: ShardOutput) -> None:
-        skip = self.cfg.passthrough_columns
-        self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard), skip=skip))
+        self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard), stamp=self.stamp))
 
     def name_start(self, shard: Shard) -> int | None:
         """The row that names ``shard``'s files: None for a whole planned shard, its start for a tail."""
@@ -225,14 +250,14 @@ class RetryCommitter:
     on_commit: Callable[[], None] = lambda: None
     routes: list[Route] = field(default_factory=list)
     route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
-    skip: list[str] = field(default_factory=list)  # passthrough columns: no statistics
+    stamp: PartStamp = field(default_factory=PartStamp)
 
     def __call__(self, out: ShardOutput) -> None:
         old = self.unit.commit.error_file
         assert old is not None
         base, _, n = old.removesuffix(".jsonl").partition(".retry-")
         name = f"{base}.retry-{int(n or 0) + 1}"
-        self.publish(*stage_routed(self.sink, self.routes, out, None, name=name, skip=self.skip))
+        self.publish(*stage_routed(self.sink, self.routes, out, None, name=name, stamp=self.stamp))
 
     def name_start(self, shard: Shard) -> int | None:
         return None  # retry parts are named after the error file they supersede

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model
-from .committer import Committer, RetryCommitter, remaining_work, retry_units
+from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
 from .ledger import PRIVATE, Ledger, OutputLedger, failed_rows
@@ -249,6 +249,7 @@ def execute(
     routes = compile_routes(cfg)
     committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports)
     committer.routes, committer.route_targets = routes, route_targets
+    committer.stamp = stamp = part_stamp(cfg, job.model, plan)
     backend = cfg.execution.backend
     if retry_errors:
         units = retry_units(ledger, plan.shards, committed)
@@ -265,7 +266,7 @@ def execute(
                     exports,
                     routes=routes,
                     route_targets=route_targets,
-                    skip=cfg.passthrough_columns,
+                    stamp=stamp,
                 ),
                 u.rows,
             )
@@ -299,6 +300,22 @@ def execute(
         finally:
             runner.close()
     return not remaining_work(plan.shards, ledger.commits())
+
+
+def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp:
+    """Statistics skip the passthrough columns; every part carries the job's provenance."""
+    from ._version import __version__
+
+    provenance = {
+        "bulkinfer_version": __version__,
+        "job_fingerprint": plan.fingerprint,
+        "model": model.location,
+        "model_kind": plan.model_kind,
+        "model_digest": model.digest,
+        "precision": cfg.runtime.precision,
+        "engine": cfg.runtime.engine,
+    }
+    return PartStamp(tuple(cfg.passthrough_columns), provenance)
 
 
 @contextmanager

@@ -13,7 +13,53 @@ from .ledger import ERRORS, SUCCESS, Ledger
 if TYPE_CHECKING:
     from .objledger import ObjectLedger
 
-__all__ = ["inspect_output"]
+__all__ = ["inspect_output", "inspect_part", "is_part_file"]
+
+
+def is_part_file(where: str) -> bool:
+    """Whether ``where`` names one result file rather than an output."""
+    return where.rstrip("/").rsplit("/", 1)[-1].endswith((".parquet", ".jsonl", ".csv"))
+
+
+def inspect_part(where: str) -> dict[str, Any]:
+    """A part's rows, columns and provenance (Parquet key-value metadata), and whether the
+    ``_SUCCESS`` beside it (when there is one) lists it with the same checksum."""
+    import hashlib
+    import json
+
+    import pyarrow.parquet as pq
+
+    from .committer import PROVENANCE_KEY
+    from .sources.files import read_whole
+
+    if not where.endswith(".parquet"):
+        raise OutputError(f"{where}: only Parquet parts carry their provenance; inspect the output folder instead")
+    data = read_whole(where)
+    if data is None:
+        raise OutputError(f"{where}: no such file")
+    import io
+
+    try:
+        meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise OutputError(f"{where}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from exc
+    kv = meta.metadata or {}
+    provenance = json.loads(kv[PROVENANCE_KEY]) if PROVENANCE_KEY in kv else None
+    folder, _, name = where.rstrip("/").rpartition("/")
+    manifest = read_whole(f"{folder}/{SUCCESS}") if folder else None
+    listed = None
+    if manifest is not None:
+        files = {f["name"]: f for f in json.loads(manifest).get("files", [])}
+        entry = files.get(name)
+        listed = None if entry is None else entry["sha256"] == hashlib.sha256(data).hexdigest()
+    return {
+        "file": where,
+        "rows": meta.num_rows,
+        "columns": meta.schema.to_arrow_schema().names,
+        "bytes": len(data),
+        "provenance": provenance,
+        "in_manifest": listed,  # None: no _SUCCESS beside it, or it does not list this file
+    }
 
 
 def _count_error_records(path: Path) -> int:

@@ -119,6 +119,9 @@ def test_ray_sklearn_equals_local(tmp_path, local_ray):
         labels = local["prediction"].to_pylist()
         assert d["columns"]["prediction"]["classes"] == {c: labels.count(c) for c in sorted(set(labels))}
     assert stats["ray"]["columns"]["proba_yes"]["mean"] == pytest.approx(stats["local"]["columns"]["proba_yes"]["mean"])
+    for f in _success(tmp_path / "ray")["files"]:  # parts written by workers carry the driver's provenance
+        p = json.loads(pq.read_metadata(tmp_path / "ray" / f["name"]).metadata[b"bulkinfer"])
+        assert p["input_rows"] == [f["start"], f["stop"]] and p["model_kind"] == "tabular"
 
 
 def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module):

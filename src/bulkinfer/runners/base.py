@@ -20,6 +20,7 @@ from ..records import ShardOutput
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from ..committer import PartStamp
     from ..sinks import StagedOutput
     from ..sources import Shard
 
@@ -42,6 +43,11 @@ class Committing(Protocol):
 
     def name_start(self, shard: Shard) -> int | None:
         """The row that names ``shard``'s files (None: a whole planned shard)."""
+        ...
+
+    @property
+    def stamp(self) -> PartStamp:
+        """What a part staged elsewhere (a Ray worker) must carry: statistics and provenance."""
         ...
 
     def publish(

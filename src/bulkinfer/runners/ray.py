@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..adapters import Adapter, job_setup_context
-from ..committer import stage_routed
+from ..committer import PartStamp, stage_routed
 from ..config import JobConfig
 from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
@@ -90,7 +90,7 @@ class Worker:
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
 
-    def process(self, shard: Shard, name_start: int | None, tag: str) -> dict[str, Any]:
+    def process(self, shard: Shard, name_start: int | None, tag: str, stamp: PartStamp) -> dict[str, Any]:
         from .local import LocalRunner
 
         if self.error is not None:
@@ -100,9 +100,9 @@ class Worker:
         done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
         self.runner = runner
         try:
-            skip = self.cfg.passthrough_columns
             runner.run(
-                [shard], lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, skip=skip))
+                [shard],
+                lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, stamp=stamp)),
             )
         finally:
             self.runner = None
@@ -304,7 +304,7 @@ class RayRunner:
                 if self._is_covered(shard):
                     continue
                 tag = uuid.uuid4().hex[:12]  # names the attempt's temp files
-                ref = slot.actor.process.remote(shard, commit.name_start(shard), tag)
+                ref = slot.actor.process.remote(shard, commit.name_start(shard), tag, commit.stamp)
                 attempt = _Attempt(shard, slot, ref, shard.start)
                 slot.attempt = attempt
                 slot.last_seen = time.monotonic()
