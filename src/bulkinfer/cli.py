@@ -459,6 +459,59 @@ def compare(
         typer.echo(f"gate passed: {fail_if!r} does not hold")
 
 
+@app.command()
+def report(
+    output: Annotated[str, typer.Argument(help="An output of bulkinfer run (a folder or s3://...).")],
+    compare_with: Annotated[
+        str | None, typer.Option("--compare", help="Another output (production) to compare this one with.")
+    ] = None,
+    dest: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="The HTML file (default: OUTPUT/_bulkinfer/report.html; ./report.html for s3://)."),
+    ] = None,
+    sample: Annotated[int | None, typer.Option(help="--compare: about N ids, drawn across the whole output.")] = None,
+    quiet: QuietOption = False,
+) -> None:
+    """One self-contained HTML page about a run: throughput, time, batches, cost, errors, statistics,
+    drift and, with --compare, the canary comparison. It opens offline."""
+    _prepare(quiet)
+    from .compare import CompareSpec, compare_outputs
+    from .report.html import load_run, render_report
+    from .sinks import is_remote
+
+    try:
+        run = load_run(output)
+        comparison = compare_outputs(compare_with, output, CompareSpec(sample=sample)) if compare_with else None
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if dest is None:
+        dest = Path("report.html") if is_remote(output) else Path(output) / "_bulkinfer" / "report.html"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(render_report(run, comparison), encoding="utf-8")
+    typer.echo(f"wrote {dest}")
+
+
+@app.command()
+def costs(
+    outputs: Annotated[list[str], typer.Argument(help="Outputs (folders, s3://... prefixes or globs of them).")],
+    by: Annotated[
+        list[str] | None, typer.Option(help="Label keys to group by (default: every cost.labels key); comma-separated.")
+    ] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+) -> None:
+    """Sum the cost of every run of the outputs by month and cost.labels (the bill per team and model)."""
+    from .costs import collect_runs, render, sum_costs
+
+    if output_format not in ("table", "csv", "json"):
+        typer.echo("bulkinfer: error: --format is table, csv or json", err=True)
+        raise typer.Exit(2)
+    try:
+        rows = sum_costs(collect_runs(outputs), _split(by))
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    typer.echo(render(rows, output_format))
+
+
 def main() -> None:
     """Console entry point."""
     app()

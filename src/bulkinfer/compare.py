@@ -371,8 +371,13 @@ def compare_outputs(
             if v.cos is not None:
                 s = summary(v.cos)
                 q = s["quantiles"] or {}
-                fig["cosine"] = {"mean": s["mean"], "min": s["min"], "p1": q.get("p1"), "p5": q.get("p5"),
-                                 "p50": q.get("p50")}  # fmt: skip
+                fig["cosine"] = {
+                    "mean": s["mean"],
+                    "min": s["min"],
+                    "p1": q.get("p1"),
+                    "p5": q.get("p5"),
+                    "p50": q.get("p50"),
+                }
             else:
                 fig["cosine"] = None
                 if v.dims and v.dims[0] != v.dims[1]:

@@ -188,6 +188,21 @@ class CostConfig(_Section):
     metrics and ``bulkinfer costs``."""
 
 
+class LineageConfig(_Section):
+    url: str | None = None
+    """An OpenLineage HTTP endpoint (Marquez: http://host:5000): START, COMPLETE, FAIL and ABORT run events."""
+    endpoint: str = "api/v1/lineage"
+    """The path events are POSTed to under ``url``."""
+    file: str | None = None
+    """Append the events to this file, one JSON object per line (beside or instead of ``url``)."""
+    namespace: str = "bulkinfer"
+    """The OpenLineage job namespace."""
+    job_name: str | None = None
+    """The OpenLineage job name (default: the output folder's name)."""
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Seconds to wait for the receiver; a receiver that is down costs a warning, never the run."""
+
+
 class MonitorConfig(_Section):
     baseline: str | None = None
     """An earlier run's output: this run's column statistics are compared with its stats.json (drift)."""
@@ -342,6 +357,8 @@ class JobConfig(_Section):
     """Cost accounting."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Output statistics compared with a baseline run (drift)."""
+    lineage: LineageConfig = Field(default_factory=LineageConfig)
+    """OpenLineage run events."""
     serve: ServeConfig = Field(default_factory=ServeConfig)
     """`bulkinfer serve`: the HTTP server over the same adapter."""
     index: IndexConfig = Field(default_factory=IndexConfig)

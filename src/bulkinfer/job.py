@@ -28,12 +28,13 @@ from .committer import Committer, PartStamp, RetryCommitter, remaining_work, ret
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
 from .ledger import PRIVATE, Ledger, OutputLedger, failed_rows
+from .lineage import Lineage
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
 from .report.columns import OutputStats
-from .report.output import load_output_stats
+from .report.output import instance_price, load_output_stats
 from .routing import compile_routes
 from .runners import make_runner
 from .sinks import Sink, make_sink
@@ -69,6 +70,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     model = resolve_model(cfg)
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
+    instance_price(cfg)  # an unknown cost.instance is one line before any work
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not cfg.passthrough_columns:
         log.info("output order is not the input order and no id column is kept")
     if any(not c for c in adapter.input_columns):
@@ -93,11 +95,13 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         # plan (or take the plan of the run this one resumes)
         draft = make_plan(job.cfg, job.model, job.adapter, ledger.read_plan(), retry_errors=retry_errors)
         plan = ledger.begin(draft, job.cfg.execution.overwrite)
+        lineage = Lineage(job.cfg, plan, job.model, str(sink.out_dir))
+        lineage.start()
         stats, committed = resume(job.cfg, ledger, plan)
         exports, route_targets = make_exports(job.cfg), make_route_targets(job.cfg)
         every_target = exports + [t for ts in route_targets.values() for t in ts]
         # execute
-        status, done = "complete", False
+        status, done, failure = "complete", False, ""
         try:
             for target in every_target:  # a target that is down is one line before any inference
                 target.start(plan, job.cfg.passthrough_columns)
@@ -110,8 +114,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         except Interrupted:
             status = "interrupted"
             raise
-        except BaseException:
-            status = "failed"
+        except BaseException as exc:
+            status, failure = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:  # report, whatever happened
             for target in every_target:
@@ -121,9 +125,16 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             if baseline is not None and status == "complete":
                 stats.drift = drift_against(baseline, stats, job.cfg)
             engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
-            report = write_report(job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine)
+            report = write_report(
+                job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine, _bytes(ledger)
+            )
+            if status == "interrupted":
+                lineage.abort(report)
+            elif status == "failed":
+                lineage.fail(failure, report)
         if done:
             ledger.write_success(plan.fingerprint, len(plan.input_errors))
+            lineage.complete(report, stats.output.schema)
     if done and job.cfg.index.output:
         report["index"] = build_job_index(job.cfg, sink.out_dir)
     if stats.drift and stats.drift["status"] == "drift" and job.cfg.monitor.fail_on_drift:
@@ -132,6 +143,14 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             "the output is committed and kept (see _bulkinfer/report.json)"
         )
     return RunResult(sink.out_dir, status, report)
+
+
+def _bytes(ledger: OutputLedger) -> int:
+    """The committed parts' bytes (0 when the ledger cannot be read: the report never hides the outcome)."""
+    try:
+        return sum(c.bytes for c in ledger.commits())
+    except Exception:  # a report figure, not a decision
+        return 0
 
 
 def load_baseline(where: str | None) -> OutputStats | None:

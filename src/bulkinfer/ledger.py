@@ -326,6 +326,7 @@ class Ledger:
         _write_atomic(self.log_path, "".join(_encode_line(asdict(c)) for c in commits))
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
+        (self.private / name).parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.private / name, json.dumps(data, indent=1))
 
 

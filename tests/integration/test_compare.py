@@ -124,7 +124,9 @@ def test_buckets_and_samples(outputs):
     for key in ("rows_compared", "only_in_old", "only_in_new"):
         assert bucketed[key] == whole[key]
     assert bucketed["columns"]["label"] == whole["columns"]["label"]
-    assert bucketed["columns"]["embedding"]["topk_overlap"] == pytest.approx(whole["columns"]["embedding"]["topk_overlap"])
+    assert bucketed["columns"]["embedding"]["topk_overlap"] == pytest.approx(
+        whole["columns"]["embedding"]["topk_overlap"]
+    )
     assert bucketed["columns"]["score"]["ks"] == pytest.approx(whole["columns"]["score"]["ks"])
 
     sampled = compare_outputs(old_dir, new_dir, CompareSpec(sample=60, k=5, queries=20))

@@ -149,7 +149,7 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module)
     runner = RayRunner(cfg, build_adapter(cfg, resolve_model(cfg)), stats, threading.Event())
     slots = [runner._start_worker() for _ in range(2)]
     assert [local_ray.get(s.ready)["error"] for s in slots] == [None, None]
-    refs = [s.actor.process.remote(shards[0], None, f"attempt{i}") for i, s in enumerate(slots)]
+    refs = [s.actor.process.remote(shards[0], None, f"attempt{i}", committer.stamp) for i, s in enumerate(slots)]
     results = local_ray.get(refs)
     assert len(list(out.glob(".part-00000.parquet.tmp-attempt*"))) == 2  # both staged, neither visible
     for result in results:

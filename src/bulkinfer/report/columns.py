@@ -252,10 +252,17 @@ def _column_summary(state: Mapping[str, Any]) -> dict[str, Any]:
 class OutputStats:
     """The merged statistics of a set of parts (which ones: ``covers``)."""
 
-    def __init__(self, columns: Mapping[str, Any] | None = None, covers: Iterable[str] = (), rows: int = 0) -> None:
+    def __init__(
+        self,
+        columns: Mapping[str, Any] | None = None,
+        covers: Iterable[str] = (),
+        rows: int = 0,
+        schema: Mapping[str, str] | None = None,
+    ) -> None:
         self.columns: dict[str, Any] = dict(columns or {})
         self.covers: set[str] = set(covers)
         self.rows = rows
+        self.schema: dict[str, str] = dict(schema or {})  # every column of the parts (passthrough too) -> type
 
     def add(self, part: str, state: Mapping[str, Any] | None) -> None:
         """Merge one part's state (from :func:`describe`); a part already covered is not counted twice."""
@@ -263,6 +270,7 @@ class OutputStats:
             return
         self.covers.add(part)
         self.rows += int(state["rows"])
+        self.schema = self.schema or dict(state.get("schema", {}))
         for name, col in state["columns"].items():
             self.columns[name] = _merge_column(self.columns[name], col) if name in self.columns else dict(col)
 
@@ -271,6 +279,7 @@ class OutputStats:
         return {
             "version": 1,
             "rows": self.rows,
+            "schema": self.schema,
             "columns": {name: _column_summary(s) for name, s in sorted(self.columns.items())},
             "state": {"covers": sorted(self.covers), "columns": self.columns},
         }
@@ -278,7 +287,7 @@ class OutputStats:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OutputStats:
         state = data["state"]
-        return cls(state["columns"], state["covers"], int(data["rows"]))
+        return cls(state["columns"], state["covers"], int(data["rows"]), data.get("schema"))
 
     def sketch(self, column: str, key: str = "values") -> Any:
         """The KLL sketch of a column's values (``norm`` for a vector's norms), or None."""
@@ -291,5 +300,6 @@ def describe(table: pa.Table, skip: Iterable[str] = ()) -> dict[str, Any]:
     skipped = set(skip)
     return {
         "rows": table.num_rows,
+        "schema": {f.name: str(f.type) for f in table.schema},
         "columns": {name: _describe_column(table.column(name)) for name in table.column_names if name not in skipped},
     }

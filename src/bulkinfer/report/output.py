@@ -4,11 +4,14 @@ Prometheus text file in ``_bulkinfer/``. The report never hides the run's own ou
 from __future__ import annotations
 
 import logging
+import re
+import time
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..adapters import available_cpus
-from ..errors import OutputError
+from ..errors import ConfigError, OutputError
 from .columns import OutputStats, describe
 from .stats import RunStats
 
@@ -16,7 +19,15 @@ if TYPE_CHECKING:
     from ..config import JobConfig
     from ..ledger import Commit, OutputLedger
 
-__all__ = ["STATS", "load_output_stats", "prometheus_text", "write_report"]
+__all__ = [
+    "STATS",
+    "instance_price",
+    "load_output_stats",
+    "price_table",
+    "prometheus_text",
+    "run_entry",
+    "write_report",
+]
 
 STATS = "stats.json"
 
@@ -24,9 +35,20 @@ log = logging.getLogger("bulkinfer")
 
 
 def write_report(
-    cfg: JobConfig, ledger: OutputLedger, stats: RunStats, status: str, fingerprint: str, kind: str, engine: str
+    cfg: JobConfig,
+    ledger: OutputLedger,
+    stats: RunStats,
+    status: str,
+    fingerprint: str,
+    kind: str,
+    engine: str,
+    output_bytes: int = 0,
+    started_at: float | None = None,
 ) -> dict[str, Any]:
-    """Write ``report.json`` and ``metrics.prom``; return the report (also when writing failed)."""
+    """Write ``report.json``, ``metrics.prom``, ``stats.json`` and this run's entry in ``runs/``
+    (what ``bulkinfer costs`` adds up); return the report (also when writing failed)."""
+    started_at = time.time() - stats.wall_s if started_at is None else started_at
+    price, price_source = instance_price(cfg)
     report = {
         "status": status,
         "job_fingerprint": fingerprint,
@@ -36,15 +58,72 @@ def write_report(
         "batch_size": cfg.runtime.batch_size,
         "max_tokens": cfg.runtime.max_tokens,
         "threads": cfg.runtime.threads or available_cpus(),
-        **stats.to_json(price_per_hour=cfg.cost.instance_price_per_hour, currency=cfg.cost.currency),
+        **stats.to_json(price_per_hour=price, currency=cfg.cost.currency),
+        "output_files": len(stats.output.covers),
+        "output_bytes": output_bytes,
     }
+    report["cost"].update({"instance": cfg.cost.instance, "price_source": price_source, "labels": cfg.cost.labels})
+    report["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at))
     try:
         ledger.write_private(STATS, stats.output.to_json())
         ledger.write_private("report.json", report)
-        ledger.write_private_text("metrics.prom", prometheus_text(report, {"job": fingerprint[:12]}))
+        labels = {"job": fingerprint[:12], **{_label_name(k): v for k, v in cfg.cost.labels.items()}}
+        ledger.write_private_text("metrics.prom", prometheus_text(report, labels))
+        ledger.write_private(
+            f"runs/{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started_at))}-{uuid.uuid4().hex[:8]}.json",
+            run_entry(report, fingerprint),
+        )
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
+
+
+def _label_name(key: str) -> str:
+    """A cost label as a Prometheus label name."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    return name if re.match(r"[a-zA-Z_]", name) and name != "job" else f"label_{name}"
+
+
+def run_entry(report: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
+    """What ``bulkinfer costs`` needs of one run (every run, stopped or not, was paid for)."""
+    cost = report["cost"]
+    return {
+        "started_at": report["started_at"],
+        "status": report["status"],
+        "job_fingerprint": fingerprint,
+        "wall_s": report["wall_s"],
+        "rows_out": report["rows_out"],
+        "rows_failed": report["rows_failed"],
+        "cost": round(cost["instance_price_per_hour"] * report["wall_s"] / 3600, 9),  # unrounded: they are summed
+        "currency": cost["currency"],
+        "price_per_hour": cost["instance_price_per_hour"],
+        "instance": cost.get("instance"),
+        "labels": cost.get("labels") or {},
+    }
+
+
+def instance_price(cfg: JobConfig) -> tuple[float, str]:
+    """The price per hour: ``cost.instance_price_per_hour`` when set, else the price table's
+    for ``cost.instance`` (bulkinfer/data/prices.toml), else 0."""
+    cost = cfg.cost
+    if cost.instance_price_per_hour or not cost.instance:
+        return cost.instance_price_per_hour, "cost.instance_price_per_hour"
+    table = price_table()
+    for provider, prices in table.items():
+        if isinstance(prices, dict) and cost.instance in prices:
+            return float(prices[cost.instance]), f"price table ({provider} on-demand)"
+    known = sorted(k for p in table.values() if isinstance(p, dict) for k in p)
+    raise ConfigError(
+        f"cost.instance: {cost.instance!r} is not in bulkinfer's price table ({', '.join(known)}); "
+        "set cost.instance_price_per_hour instead"
+    )
+
+
+def price_table() -> dict[str, Any]:
+    import tomllib
+    from importlib.resources import files
+
+    return tomllib.loads(files("bulkinfer").joinpath("data/prices.toml").read_text())
 
 
 def load_output_stats(ledger: OutputLedger, commits: list[Commit], fmt: str, skip: list[str]) -> OutputStats:

@@ -13,6 +13,7 @@ from .columns import OutputStats
 __all__ = ["STAGES", "RunStats"]
 
 STAGES = ("read", "preprocess", "infer", "write")
+TIMELINE_POINTS = 2000
 
 
 def _bucket(n: int) -> str:
@@ -48,6 +49,7 @@ class RunStats:
     routes: dict[str, int] = field(default_factory=dict)  # route -> rows this run ("default": the output's)
     output: OutputStats = field(default_factory=OutputStats)  # column statistics of every part in force
     drift: dict[str, Any] | None = None  # against monitor.baseline (report.drift.compare_stats)
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, rows out) per commit
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
     finished: float | None = None
@@ -69,6 +71,9 @@ class RunStats:
             self.rows_out += rows_out
             self.rows_failed += failed
             self.shards_committed += shards
+            self.timeline.append((round(time.perf_counter() - self.started, 3), self.rows_out))
+            if len(self.timeline) > TIMELINE_POINTS:  # keep it bounded: every other point, the last one kept
+                self.timeline = self.timeline[-1::-2][::-1]
 
     def add_route(self, route: str, rows: int) -> None:
         with self._lock:
@@ -150,6 +155,7 @@ class RunStats:
             **({"backend": self.backend} if self.backend else {}),
             **({"routes": dict(self.routes)} if self.routes else {}),
             **({"drift": self.drift} if self.drift else {}),
+            "timeline": [[0.0, 0], *([t, n] for t, n in self.timeline)],
             **(
                 {
                     "exports": {

@@ -193,8 +193,9 @@ class RayRunner:
         try:
             if self.ex.ray_address:
                 ray.init(address=self.ex.ray_address, **kwargs)
-            else:  # our own instance: workers do the job's work, so they need not yield to anything
-                ray.init(**kwargs, _system_config={"worker_niceness": 0})
+            else:  # our own instance (address="local": even when another Ray runs on this machine);
+                # workers do the job's work, so they need not yield to anything
+                ray.init(address="local", **kwargs, _system_config={"worker_niceness": 0})
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = self.ex.ray_address or "a local Ray instance"
             raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc

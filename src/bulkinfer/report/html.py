@@ -1,0 +1,464 @@
+"""``bulkinfer report OUT/ [--compare OTHER/]``: one self-contained HTML page about a run.
+
+Everything comes from what the run left behind (``report.json``, ``stats.json``,
+``job.json``, ``_SUCCESS``, ``_errors/``) and, with ``--compare``, from
+:func:`bulkinfer.compare.compare_outputs`. Charts are drawn by matplotlib as inline SVG:
+no script, no stylesheet or font to fetch, so the file opens offline and prints. Every
+chart carries its figures as labels (no legend hunt) and a table beside it has the exact
+numbers.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import itertools
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import OutputError
+from ..ledger import ERRORS, SUCCESS
+from ..outputs import normalise, private_json
+from ..records import decode_records
+from ..sources.files import read_whole
+
+__all__ = ["load_run", "render_report"]
+
+_BLUE, _ORANGE, _GREY, _RED, _GREEN = "#2f6db5", "#e07b39", "#8a8f98", "#c0392b", "#2e8b57"
+_MAX_ERROR_FILES = 50
+_EXAMPLES = 3
+
+
+# -- what the run left behind -----------------------------------------------------------
+def load_run(out: str) -> dict[str, Any]:
+    """The report, statistics, job, manifest and a sample of error records of an output."""
+    where = normalise(out)
+    report = private_json(where, "report.json")
+    if report is None:
+        raise OutputError(f"{where}: no _bulkinfer/report.json: not a bulkinfer output, or no run finished here yet")
+    manifest_bytes = read_whole(f"{where}/{SUCCESS}")
+    manifest = json.loads(manifest_bytes) if manifest_bytes else None
+    errors: Counter[tuple[str, str]] = Counter()
+    examples: dict[tuple[str, str], list[str]] = {}
+    names = (manifest or {}).get("error_files", [])[:_MAX_ERROR_FILES]
+    for name in names:
+        data = read_whole(f"{where}/{name}") or b""
+        for rec in decode_records(data):
+            key = (rec.stage, rec.error_type)
+            errors[key] += rec.rows
+            ex = examples.setdefault(key, [])
+            if len(ex) < _EXAMPLES:
+                ex.append(rec.headline())
+    return {
+        "output": where,
+        "report": report,
+        "stats": private_json(where, "stats.json"),
+        "job": private_json(where, "job.json") or {},
+        "manifest": manifest,
+        "errors": [
+            {"stage": s, "type": t, "rows": n, "examples": examples[(s, t)]} for (s, t), n in errors.most_common()
+        ],
+        "errors_sampled": len(names) < len((manifest or {}).get("error_files", [])),
+        "errors_dir": f"{where}/{ERRORS}",
+    }
+
+
+# -- charts ---------------------------------------------------------------------------------
+class _Charts:
+    """matplotlib figures as inline SVG (each with its own id salt, so ids never collide)."""
+
+    def __init__(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+
+        self.plt = plt
+        self.n = 0
+
+    def figure(self, height: float = 2.6) -> tuple[Any, Any]:
+        fig, ax = self.plt.subplots(figsize=(7.6, height), dpi=96)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.tick_params(labelsize=9)
+        return fig, ax
+
+    def svg(self, fig: Any, label: str) -> str:
+        import matplotlib
+
+        self.n += 1
+        buf = io.StringIO()
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"bulkinfer-{self.n}"}):
+            fig.tight_layout()
+            fig.savefig(buf, format="svg")
+        self.plt.close(fig)
+        text = buf.getvalue()
+        text = text[text.index("<svg") :]
+        return text.replace("<svg ", f'<svg role="img" aria-label="{html.escape(label)}" class="chart" ', 1)
+
+    def bars(
+        self,
+        labels: Sequence[str],
+        values: Sequence[float],
+        title: str,
+        unit: str = "",
+        horizontal: bool = True,
+        color: str = _BLUE,
+        limit: float | None = None,
+    ) -> str:
+        fig, ax = self.figure(max(1.6, 0.32 * len(labels) + 0.9) if horizontal else 2.6)
+        if horizontal:
+            pos = list(range(len(labels)))[::-1]
+            ax.barh(pos, values, color=color)
+            ax.set_yticks(pos, labels)
+            top = max([*values, limit or 0, 1e-12])
+            for p, v in zip(pos, values, strict=True):
+                ax.text(v + top * 0.01, p, (f"{v:.1f}" if unit == "%" else _num(v)) + unit, va="center", fontsize=9)
+            ax.set_xlim(0, top * 1.18)
+            if limit is not None:
+                ax.axvline(limit, color=_RED, linestyle="--", linewidth=1)
+        else:
+            ax.bar(labels, values, color=color)
+            for i, v in enumerate(values):
+                ax.text(i, v, _num(v), ha="center", va="bottom", fontsize=8)
+            ax.tick_params(axis="x", labelrotation=30 if len(labels) > 6 else 0)
+        ax.set_title(title, fontsize=11, loc="left")
+        return self.svg(fig, title)
+
+    def line(self, xs: Sequence[float], ys: Sequence[float], title: str, xlabel: str, ylabel: str) -> str:
+        fig, ax = self.figure()
+        ax.plot(xs, ys, color=_BLUE, linewidth=1.8, marker="o" if len(xs) < 40 else None, markersize=3)
+        ax.fill_between(xs, ys, color=_BLUE, alpha=0.12)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=11, loc="left")
+        return self.svg(fig, title)
+
+    def quantiles(self, series: Mapping[str, Mapping[str, float] | None], title: str) -> str:
+        """Quantile profiles (p1 ... p99) of one distribution, or two: OLD grey, NEW blue (the
+        title says which is which)."""
+        fig, ax = self.figure()
+        colors = [_GREY, _BLUE]
+        for qs, color in zip(series.values(), colors[-len(series) :], strict=True):
+            if qs:
+                keys = list(qs)
+                ax.plot(keys, [qs[k] for k in keys], marker="o", color=color, linewidth=1.8, markersize=4)
+        ax.set_ylabel("value", fontsize=9)
+        ax.set_title(title, fontsize=11, loc="left")
+        return self.svg(fig, title)
+
+    def heatmap(self, rows: Sequence[str], cols: Sequence[str], values: Sequence[Sequence[int]], title: str) -> str:
+        fig, ax = self.figure(max(2.2, 0.45 * len(rows) + 1.2))
+        ax.imshow(values, cmap="Blues", aspect="auto")
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set_xlabel("NEW label", fontsize=9)
+        ax.set_ylabel("OLD label", fontsize=9)
+        top = max((v for row in values for v in row), default=1) or 1
+        for i, row in enumerate(values):
+            for j, v in enumerate(row):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=9, color="white" if v > top / 2 else "black")
+        ax.spines[["left", "bottom"]].set_visible(False)
+        ax.set_title(title, fontsize=11, loc="left")
+        return self.svg(fig, title)
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 0.001 or abs(v) >= 1e6):
+            return f"{v:.3g}"
+        return f"{v:,.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.1f}"
+    return html.escape(str(v))
+
+
+def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else _num(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+class _Raw(str):
+    """Cell content that is already HTML."""
+
+
+def _section(title: str, body: str, anchor: str) -> str:
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{body}</section>'
+
+
+def _chart(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+# -- sections -------------------------------------------------------------------------------
+def _summary(run: Mapping[str, Any]) -> str:
+    r, job = run["report"], run["job"]
+    model = job.get("model", {})
+    status = r["status"]
+    badge = {"complete": _GREEN, "interrupted": _ORANGE}.get(status, _RED)
+    drift = r.get("drift")
+    facts = [
+        ("status", _Raw(f'<span class="badge" style="background:{badge}">{html.escape(status)}</span>')),
+        ("rows written", r["rows_out"]),
+        ("rows failed", r["rows_failed"]),
+        ("rows already committed before this run", r["rows_already_done"]),
+        ("throughput", _Raw(f"{_num(r['rows_per_s'])} rows/s")),
+        ("wall time", _Raw(f"{_num(r['wall_s'])} s (set-up {_num(r['setup_s'])} s)")),
+        ("model", f"{model.get('kind', r.get('model_kind'))} {model.get('location', '')}"),
+        ("engine / precision", f"{r.get('engine')} / {r.get('precision')}"),
+        ("job fingerprint", r.get("job_fingerprint")),
+    ]
+    if drift:
+        facts.append(
+            (
+                "drift against baseline",
+                _Raw(
+                    f'<span class="badge" style="background:{_RED if drift["status"] == "drift" else _GREEN}">'
+                    f"{html.escape(drift['status'])}</span> worst PSI {_num(drift.get('worst_psi'))}"
+                ),
+            )
+        )
+    return _table(facts)
+
+
+def _run_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
+    r = run["report"]
+    out = [_section("Summary", _summary(run), "summary")]
+
+    timeline = r.get("timeline") or []
+    if len(timeline) >= 2:
+        xs, ys = [], []
+        for (t0, n0), (t1, n1) in itertools.pairwise(timeline):
+            if t1 > t0:
+                xs.append(round(t1, 2))
+                ys.append((n1 - n0) / (t1 - t0))
+        svg = charts.line(xs, ys, "Throughput over time", "seconds since the run started", "rows/s")
+        out.append(
+            _section(
+                "Throughput",
+                _chart(svg, f"Rows written per second between commits; mean {_num(r['rows_per_s'])} rows/s."),
+                "throughput",
+            )
+        )
+    shares = r.get("time_share", {})
+    stage_svg = charts.bars(list(shares), [100 * v for v in shares.values()], "Busy time per stage", unit="%")
+    stage_rows = [(s, r["time_s"][s], 100 * shares[s]) for s in shares]
+    wait = [("inference waited for input (s)", r.get("wait_for_input_s"))]
+    caption = "Share of the run each stage was busy (stages overlap, so shares can add up to more than 100%)."
+    body = _chart(stage_svg, caption) + _table(stage_rows, ["stage", "busy s", "share %"]) + _table(wait)
+    out.append(_section("Where the time went", f'<div class="row">{body}</div>', "stages"))
+
+    b = r.get("batches", {})
+    hist = b.get("histogram") or {}
+    if hist:
+        svg = charts.bars(list(hist), list(hist.values()), "Model calls by batch size (rows)", horizontal=False)
+        rows = [
+            ("model calls", b.get("count")),
+            ("mean rows per call", b.get("mean_rows")),
+            ("padding ratio (padded / real tokens)", b.get("padding_ratio")),
+        ]
+        body = _chart(svg, "How many model calls had each batch size.") + _table(rows)
+        out.append(_section("Batches", f'<div class="row">{body}</div>', "batches"))
+
+    q = r.get("quality")
+    if q:
+        out.append(
+            _section("Quality gate", _table(sorted((k, v) for k, v in q.items() if not isinstance(v, dict))), "quality")
+        )
+
+    cost = r.get("cost", {})
+    cost_rows = [(k.replace("_", " "), v) for k, v in cost.items() if not isinstance(v, dict)]
+    cost_rows += [(f"label {k}", v) for k, v in (cost.get("labels") or {}).items()]
+    out.append(_section("Cost", _table(cost_rows), "cost"))
+
+    if run["errors"]:
+        error_rows: list[tuple[Any, ...]] = [
+            (e["stage"], e["type"], e["rows"], _Raw("<br>".join(html.escape(x) for x in e["examples"])))
+            for e in run["errors"]
+        ]
+        note = (
+            f"<p>All records: <code>{html.escape(run['errors_dir'])}/</code>"
+            + (f" (the first {_MAX_ERROR_FILES} error files are summarised here)" if run["errors_sampled"] else "")
+            + "</p>"
+        )
+        out.append(_section("Errors", _table(error_rows, ["stage", "type", "rows", "examples"]) + note, "errors"))
+    else:
+        out.append(_section("Errors", "<p>No row failed.</p>", "errors"))
+
+    out.extend(_stats_sections(run, charts))
+    return out
+
+
+def _stats_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
+    stats = run["stats"]
+    if not stats:
+        return [
+            _section(
+                "Output statistics",
+                "<p>No stats.json (written by bulkinfer since column statistics were added).</p>",
+                "stats",
+            )
+        ]
+    blocks = []
+    for name, col in stats["columns"].items():
+        kind = col["kind"]
+        facts = [
+            (k, col.get(k))
+            for k in ("count", "nulls", "nan", "inf", "nonfinite", "dim", "mean", "std", "min", "max")
+            if k in col
+        ]
+        chart = ""
+        if kind == "label" and col.get("classes"):
+            classes = dict(list(col["classes"].items())[:20])
+            total = sum(col["classes"].values()) or 1
+            chart = _chart(
+                charts.bars(
+                    list(classes),
+                    [100 * v / total for v in classes.values()],
+                    f"{name}: share of rows per class",
+                    unit="%",
+                ),
+                "The 20 most frequent classes." if len(col["classes"]) > 20 else "Every class.",
+            )
+        elif kind == "number" and col.get("quantiles"):
+            chart = _chart(charts.quantiles({name: col["quantiles"]}, f"{name}: quantiles"), "p1 to p99.")
+        elif kind == "vector" and col.get("norm", {}).get("quantiles"):
+            n = col["norm"]
+            facts += [("norm mean", n["mean"]), ("norm std", n["std"]), ("norm min", n["min"]), ("norm max", n["max"])]
+            chart = _chart(
+                charts.quantiles({f"{name} norm": n["quantiles"]}, f"{name}: vector norm quantiles"),
+                "Quantiles of each row's L2 norm.",
+            )
+        blocks.append(
+            f'<h3>{html.escape(name)} <small>{kind}</small></h3><div class="row">{chart}{_table(facts)}</div>'
+        )
+    out = [_section("Output statistics", "".join(blocks), "stats")]
+    drift = run["report"].get("drift")
+    if drift and drift.get("columns"):
+        cols = [n for n, d in drift["columns"].items() if d.get("psi") is not None]
+        svg = charts.bars(
+            cols,
+            [drift["columns"][n]["psi"] for n in cols],
+            f"PSI against the baseline (dashed: max_psi {_num(drift['max_psi'])})",
+            color=_ORANGE,
+            limit=drift["max_psi"],
+        )
+        rows = [
+            (
+                n,
+                d.get("psi"),
+                d.get("mean_shift", d.get("norm_shift")),
+                d.get("mean_vector_cosine"),
+                ", ".join(d.get("new_classes", [])) or None,
+            )
+            for n, d in drift["columns"].items()
+        ]
+        body = _chart(svg, "Population stability index per column; over the dashed line counts as drift.")
+        body += _table(rows, ["column", "PSI", "mean / norm shift", "mean-vector cosine", "new classes"])
+        out.append(_section("Drift", body, "drift"))
+    return out
+
+
+def _compare_sections(cmp: Mapping[str, Any], charts: _Charts) -> list[str]:
+    head = [
+        ("OLD", cmp["old"]),
+        ("NEW", cmp["new"]),
+        ("rows compared", cmp["rows_compared"]),
+        ("only in OLD", cmp["only_in_old"]),
+        ("only in NEW", cmp["only_in_new"]),
+        ("failed in OLD / NEW", f"{cmp['failed_old']} / {cmp['failed_new']}"),
+    ]
+    blocks = [_table(head)]
+    for name, col in cmp["columns"].items():
+        if col["kind"] == "vector":
+            cos = col.get("cosine")
+            if cos:
+                keys = ["min", "p1", "p5", "p50", "mean"]
+                svg = charts.bars(keys, [cos[k] for k in keys], f"{name}: cosine of OLD and NEW vectors")
+            facts = _table(
+                [
+                    ("top-K overlap", col.get("topk_overlap")),
+                    ("K", col.get("k")),
+                    ("queries", col.get("queries")),
+                    ("note", col.get("cosine_note")),
+                ]
+            )
+            chart = _chart(svg, "Row-wise cosine between each row's old and new vector.") if cos else ""
+            blocks.append(f'<h3>{html.escape(name)} <small>vector</small></h3><div class="row">{chart}{facts}</div>')
+        elif col["kind"] == "label" and col.get("confusion"):
+            classes = col["classes"]
+            values = [[col["confusion"][o][n] for n in classes] for o in classes]
+            chart = _chart(
+                charts.heatmap(classes, classes, values, f"{name}: OLD label vs NEW label"),
+                f"Agreement {_num(col['agreement'])}; off-diagonal cells are flips.",
+            )
+            blocks.append(f'<h3>{html.escape(name)} <small>label</small></h3><div class="row">{chart}</div>')
+        elif col["kind"] == "number":
+            title = f"{name}: quantiles, OLD (grey) and NEW (blue)"
+            svg = charts.quantiles({"OLD": col.get("quantiles_old"), "NEW": col.get("quantiles_new")}, title)
+            figs = ("mean_old", "mean_new", "mean_shift", "mean_abs_diff", "ks", "psi")
+            body = _chart(svg, "The two distributions' quantile profiles.") + _table([(k, col.get(k)) for k in figs])
+            blocks.append(f'<h3>{html.escape(name)} <small>number</small></h3><div class="row">{body}</div>')
+    gate = cmp.get("gate")
+    if gate:
+        verdict = "FAILED" if gate["failed"] else "passed"
+        blocks.append(f"<p>Gate <code>{html.escape(gate['fail_if'])}</code>: <b>{verdict}</b></p>")
+    return [_section("Canary comparison", "".join(blocks), "compare")]
+
+
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2330;margin:0;background:#f5f6f8}
+main{max-width:1060px;margin:0 auto;padding:24px}
+header{background:#1d2330;color:#fff;padding:18px 24px}
+header h1{margin:0;font-size:20px} header p{margin:4px 0 0;color:#c8ccd4;font-size:13px}
+nav{margin-top:8px;font-size:13px} nav a{color:#9cc3ff;margin-right:14px;text-decoration:none}
+section{background:#fff;border-radius:8px;padding:16px 20px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.08)}
+h2{font-size:17px;margin:0 0 10px} h3{font-size:15px;margin:18px 0 6px} h3 small{color:#8a8f98;font-weight:400}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}
+td,th{border-bottom:1px solid #e4e6ea;padding:4px 12px 4px 0;text-align:left;vertical-align:top}
+td:nth-child(n+2){font-variant-numeric:tabular-nums}
+.row{display:flex;gap:20px;align-items:flex-start;flex-wrap:wrap} .row figure{flex:1 1 560px}
+figure{margin:8px 0} figcaption{font-size:12px;color:#5b6270} svg.chart{max-width:100%;height:auto}
+.badge{color:#fff;border-radius:4px;padding:1px 8px;font-size:13px} code{font-size:12px}
+"""
+
+
+def render_report(run: Mapping[str, Any], comparison: Mapping[str, Any] | None = None) -> str:
+    """The HTML page (one string: styles inline, charts as inline SVG, nothing fetched)."""
+    charts = _Charts()
+    sections = _run_sections(run, charts)
+    if comparison is not None:
+        sections.extend(_compare_sections(comparison, charts))
+    links = "".join(
+        f'<a href="#{a}">{t}</a>'
+        for a, t in (
+            ("summary", "Summary"),
+            ("throughput", "Throughput"),
+            ("stages", "Time"),
+            ("errors", "Errors"),
+            ("stats", "Statistics"),
+            ("drift", "Drift"),
+            ("compare", "Comparison"),
+        )
+        if f'id="{a}"' in "".join(sections)
+    )
+    created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    title = f"bulkinfer run: {run['output']}"
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head><body>'
+        f"<header><h1>{html.escape(title)}</h1><p>report made {created} from {html.escape(run['output'])}</p>"
+        f"<nav>{links}</nav></header><main>{''.join(sections)}</main></body></html>"
+    )
