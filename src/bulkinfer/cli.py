@@ -206,6 +206,10 @@ def tune(
     ] = None,
     sample_rows: Annotated[int, typer.Option(help="Rows of the input to measure on.")] = 512,
     batch_sizes: Annotated[str, typer.Option(help="Batch sizes to try, comma-separated.")] = "8,16,32,64",
+    candidates: Annotated[
+        str | None,
+        typer.Option(help="Engine/precision pairs to try (default all): onnxruntime/fp32,onnxruntime/int8,torch/bf16."),
+    ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the tuned job file.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the tuned job instead of writing it.")] = False,
 ) -> None:
@@ -216,7 +220,7 @@ def tune(
     from rich.console import Console
     from rich.table import Table
 
-    from .tune import to_toml
+    from .tune import PRECISIONS, to_toml
     from .tune import tune as run_tune
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
@@ -224,10 +228,12 @@ def tune(
     try:
         cfg = load_config(config, overrides, set_)
         sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+        pairs = tuple(tuple(c.strip().split("/", 1)) for c in (candidates or "").split(",") if c.strip())
         result = run_tune(
             cfg,
             sample_rows,
             sizes,
+            precisions=pairs or PRECISIONS,  # type: ignore[arg-type]
             on_candidate=lambda c: console.print(
                 f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads}: "
                 + (f"{c.rows_per_s} rows/s" if c.rows_per_s else c.note or "skipped")

@@ -61,8 +61,14 @@ def tune(
     sample_size: int = 512,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
     on_candidate: Callable[[Candidate], None] = lambda c: None,
+    precisions: tuple[tuple[str, str], ...] = PRECISIONS,
 ) -> TuneResult:
-    """Measure every candidate on ``sample_size`` rows from across ``cfg``'s input."""
+    """Measure every candidate (``precisions``: the engine/precision pairs to try) on
+    ``sample_size`` rows from across ``cfg``'s input."""
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        known = ", ".join(f"{e}/{p}" for e, p in PRECISIONS)
+        raise ConfigError(f"tune --candidates: {'/'.join(unknown[0])} is not one of {known}")
     if not cfg.source.paths or not cfg.model.name:
         raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
     model = resolve_model(cfg)
@@ -73,7 +79,7 @@ def tune(
     shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format), cfg.source.shard_rows, [])
     result = TuneResult()
     sample = None
-    for engine, precision in PRECISIONS:
+    for engine, precision in precisions:
         for threads in _thread_options():
             rt = cfg.runtime.model_copy(update={"engine": engine, "precision": precision, "threads": threads})
             trial = cfg.model_copy(update={"runtime": rt})

@@ -48,9 +48,12 @@ def test_marked_examples_run(tmp_path):
                 cli(*argv[1:], cwd=tmp_path, check=True)
         else:
             pytest.fail(f"unknown readme-test kind {kind}")
-    assert kinds == ["run", "file", "run", "toml", "run"]
+    assert kinds == ["run", "file", "run", "toml", "run", "run"]
     out = read_output(tmp_path / "out")
     assert out.column_names == ["id", "category", "embedding"] and out.num_rows == 40
+    assert (tmp_path / "report.html").read_text().count('<svg role="img"') >= 5
+    candidate = json.loads((tmp_path / "out-candidate" / "_bulkinfer" / "report.json").read_text())
+    assert candidate["drift"]["status"] == "ok" and candidate["cost"]["labels"]["team"] == "search"
     on_ray = read_output(tmp_path / "out-ray")
     assert on_ray.sort_by("id")["id"].to_pylist() == out.sort_by("id")["id"].to_pylist()
     sentiment = [json.loads(x) for x in (tmp_path / "sentiment" / "part-00000.jsonl").read_text().splitlines()]
