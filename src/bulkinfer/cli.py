@@ -125,6 +125,11 @@ def run(
     fail_on_drift: Annotated[
         bool, typer.Option("--fail-on-drift", help="Exit 1 after committing when a column drifted past max_psi.")
     ] = False,
+    incremental_from: Annotated[
+        str | None,
+        typer.Option(help="An earlier output of this job: unchanged rows take their results from it."),
+    ] = None,
+    dedupe: Annotated[str | None, typer.Option(help="Infer identical inputs once: true, false or auto.")] = None,
     quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
@@ -150,6 +155,8 @@ def run(
         "execution.workers": workers,
         "monitor.baseline": baseline,
         "monitor.fail_on_drift": fail_on_drift or None,
+        "source.previous": incremental_from,
+        "runtime.dedupe": dedupe,
     }
     from .job import run_job
 
@@ -473,7 +480,9 @@ def report(
     ] = None,
     dest: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="The HTML file (default: OUTPUT/_bulkinfer/report.html; ./report.html for s3://)."),
+        typer.Option(
+            "--output", "-o", help="The HTML file (default: OUTPUT/_bulkinfer/report.html; ./report.html for s3://)."
+        ),
     ] = None,
     sample: Annotated[int | None, typer.Option(help="--compare: about N ids, drawn across the whole output.")] = None,
     quiet: QuietOption = False,

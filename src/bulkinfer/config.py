@@ -51,6 +51,9 @@ class SourceConfig(_Section):
     column_types: dict[str, str] = Field(default_factory=dict)
     """Arrow types of input columns ({id = "string", price = "double"}); the others are the
     types the files start with, unified across files (int and double: double; else string)."""
+    previous: str | None = None
+    """An earlier output of this job, written with input hashes (--incremental-from): rows whose id and
+    input are unchanged take their results from it instead of being inferred."""
 
     @field_validator("column_types")
     @classmethod
@@ -102,6 +105,11 @@ class RuntimeConfig(_Section):
     model, engine and precision on this machine (16 when it has not been run)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Token budget per model call (rows x padded length) for text models; None: rows only."""
+    dedupe: bool | Literal["auto"] = False
+    """Infer rows with identical model inputs once and fan the result out (auto: on when the first rows
+    read hold at least 2% duplicates)."""
+    dedupe_cache_rows: int = Field(default=100_000, ge=0)
+    """Results kept for dedupe across windows of rows, by input hash (least recently used go first)."""
     sort_window: int = Field(default=2048, ge=1)
     """Rows sorted by length together to cut padding; order is restored before writing."""
     threads: int | None = Field(default=None, ge=1)
@@ -139,6 +147,11 @@ class SinkConfig(_Section):
     """Parquet compression codec."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options of an object-store path (s3: endpoint_url, key, secret, profile, client_kwargs...)."""
+    input_hash: bool = False
+    """Write each row's input hash (_input_hash) beside its results, so a later run can be incremental
+    from this output (always on in an incremental run)."""
+    mode: Literal["snapshot", "delta"] = "snapshot"
+    """snapshot: every row; delta (with source.previous): only new and changed rows, plus _deleted.parquet."""
 
 
 class ExecutionConfig(_Section):

@@ -45,6 +45,8 @@ __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resum
 
 log = logging.getLogger("bulkinfer")
 
+DELETED = "_deleted.parquet"
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -71,11 +73,29 @@ def prepare(cfg: JobConfig) -> Prepared:
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
     instance_price(cfg)  # an unknown cost.instance is one line before any work
+    if cfg.source.previous:
+        cfg = _incremental(cfg, model)
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not cfg.passthrough_columns:
         log.info("output order is not the input order and no id column is kept")
     if any(not c for c in adapter.input_columns):
         raise ConfigError("model: the adapter names an empty input column")
     return Prepared(cfg, model, adapter)
+
+
+def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
+    """``--incremental-from``: check the previous output; when its results cannot stand for this
+    job's (another model or setting), run every row (still writing input hashes) and say why."""
+    from .reuse import check_previous, check_reusable
+
+    previous = cfg.source.previous
+    assert previous is not None
+    prev_job = check_previous(previous, cfg.source.id_column, cfg.sink.format)
+    why = check_reusable(prev_job, job_identity(cfg), model.digest)
+    if why is None:
+        return cfg
+    log.warning("--incremental-from %s: nothing can be reused: %s; every row is inferred", previous, why)
+    sink = cfg.sink.model_copy(update={"input_hash": True, "mode": "snapshot"})
+    return cfg.model_copy(update={"source": cfg.source.model_copy(update={"previous": None}), "sink": sink})
 
 
 def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors: bool = False) -> RunResult:
@@ -133,7 +153,8 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             elif status == "failed":
                 lineage.fail(failure, report)
         if done:
-            ledger.write_success(plan.fingerprint, len(plan.input_errors))
+            extra = _write_deleted(cfg, job.cfg, plan, ledger, report)
+            ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
             lineage.complete(report, stats.output.schema)
     if done and job.cfg.index.output:
         report["index"] = build_job_index(job.cfg, sink.out_dir)
@@ -143,6 +164,39 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             "the output is committed and kept (see _bulkinfer/report.json)"
         )
     return RunResult(sink.out_dir, status, report)
+
+
+def _write_deleted(
+    asked: JobConfig, cfg: JobConfig, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]
+) -> dict[str, Any]:
+    """An incremental run lists the previous output's ids that are no longer in the input in
+    ``_deleted.parquet``: a record beside the parts rather than tombstone rows, so the snapshot
+    stays readable on its own and a ``sink.mode = "delta"`` consumer reads the deletions from one
+    file. Rows that failed this run are not deleted: they are still in the input."""
+    if not asked.source.previous:
+        return {}
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from .reuse import deleted_rows, id_keys
+    from .schema import parse_type
+    from .sources import read_shard
+
+    id_col = cfg.source.id_column or ""
+    types = {c: parse_type(t) for c, t in (plan.column_types or {}).items() if c == id_col}
+    keys = [
+        id_keys(batch.column(id_col))
+        for shard in plan.shards
+        for batch in read_shard(shard, [id_col], cfg.source.read_batch_rows, lambda row, msg: None, types)
+    ]
+    gone = deleted_rows(asked.source.previous, id_col, np.concatenate(keys) if keys else np.empty(0, np.uint64))
+    buf = io.BytesIO()
+    pq.write_table(gone, buf)
+    ledger.write_file(DELETED, buf.getvalue())
+    report["reuse"]["rows_deleted"] = gone.num_rows
+    return {"deleted": {"file": DELETED, "rows": gone.num_rows}}
 
 
 def _bytes(ledger: OutputLedger) -> int:
@@ -194,8 +248,14 @@ def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
     assert ix.output is not None
     spec = IndexSpec(column=ix.column, kind=ix.kind, metric=ix.metric)
     report = build_index(out_dir, Path(ix.output).expanduser(), spec, ix.min_recall)
-    log.info("index %s: recall@%d %.4f, %d vectors, built in %.1f s", report.index, report.k, report.recall,
-             report.vectors, report.build_s)  # fmt: skip
+    log.info(
+        "index %s: recall@%d %.4f, %d vectors, built in %.1f s",
+        report.index,
+        report.k,
+        report.recall,
+        report.vectors,
+        report.build_s,
+    )
     return asdict(report)
 
 
@@ -316,6 +376,7 @@ def execute(
                     if stop.is_set():
                         break
                 stats.finished = time.perf_counter()  # the last commit; tearing workers down is not the job's time
+                stats.dedupe = getattr(runner, "dedupe", cfg.runtime.dedupe)
         finally:
             runner.close()
     return not remaining_work(plan.shards, ledger.commits())
@@ -334,7 +395,10 @@ def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp
         "precision": cfg.runtime.precision,
         "engine": cfg.runtime.engine,
     }
-    return PartStamp(tuple(cfg.passthrough_columns), provenance)
+    from .reuse import HASH_COLUMN
+
+    skip = (*cfg.passthrough_columns, HASH_COLUMN)  # statistics describe the model's columns only
+    return PartStamp(skip, provenance)
 
 
 @contextmanager

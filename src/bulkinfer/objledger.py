@@ -255,12 +255,14 @@ class ObjectLedger:
             raise LedgerError(f"{self.store.url(name)}: a committed part is missing; rerun with --overwrite")
         return data
 
-    def write_success(self, fingerprint: str, inputs_failed: int) -> None:
+    def write_file(self, name: str, data: bytes) -> None:
+        self.store.put(name, data)
+
+    def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
         from .ledger import success_manifest
 
-        self.store.put(
-            SUCCESS, json.dumps(success_manifest(self.commits(), fingerprint, inputs_failed), indent=1).encode()
-        )
+        manifest = {**success_manifest(self.commits(), fingerprint, inputs_failed), **(extra or {})}
+        self.store.put(SUCCESS, json.dumps(manifest, indent=1).encode())
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         self.store.put(f"{PRIVATE}/{name}", json.dumps(data, indent=1).encode())

@@ -107,6 +107,13 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
         identity["export"] = dumped["export"]
     if dumped["route"]:  # where rows were routed (absent: the identity of jobs without routes)
         identity["route"] = dumped["route"]
+    # what an incremental run reuses, and the output's shape (absent at their defaults)
+    if dumped["source"]["previous"]:
+        identity["source.previous"] = dumped["source"]["previous"]
+    if dumped["sink"]["input_hash"]:
+        identity["sink.input_hash"] = True
+    if dumped["sink"]["mode"] != "snapshot":
+        identity["sink.mode"] = dumped["sink"]["mode"]
     return identity
 
 

@@ -35,6 +35,8 @@ class RunStats:
     rows_out: int = 0
     rows_inferred: int = 0
     rows_failed: int = 0
+    rows_reused: int = 0  # results taken from the previous output (incremental)
+    rows_deduplicated: int = 0  # results copied from an identical row (dedupe)
     shards_planned: int = 0
     shards_already_done: int = 0
     shards_committed: int = 0
@@ -49,6 +51,7 @@ class RunStats:
     routes: dict[str, int] = field(default_factory=dict)  # route -> rows this run ("default": the output's)
     output: OutputStats = field(default_factory=OutputStats)  # column statistics of every part in force
     drift: dict[str, Any] | None = None  # against monitor.baseline (report.drift.compare_stats)
+    dedupe: bool | str | None = None  # runtime.dedupe as it ran (auto: what the runner decided)
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, rows out) per commit
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
@@ -75,6 +78,11 @@ class RunStats:
             if len(self.timeline) > TIMELINE_POINTS:  # keep it bounded: every other point, the last one kept
                 self.timeline = self.timeline[-1::-2][::-1]
 
+    def add_reuse(self, previous: int = 0, deduplicated: int = 0) -> None:
+        with self._lock:
+            self.rows_reused += previous
+            self.rows_deduplicated += deduplicated
+
     def add_route(self, route: str, rows: int) -> None:
         with self._lock:
             self.routes[route] = self.routes.get(route, 0) + rows
@@ -95,6 +103,8 @@ class RunStats:
                 "tokens": self.tokens,
                 "padded_tokens": self.padded_tokens,
                 "batch_sizes": dict(self.batch_sizes),
+                "rows_reused": self.rows_reused,
+                "rows_deduplicated": self.rows_deduplicated,
             }
 
     def merge(self, figures: dict[str, Any]) -> None:
@@ -106,6 +116,8 @@ class RunStats:
             self.tokens += figures["tokens"]
             self.padded_tokens += figures["padded_tokens"]
             self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
+            self.rows_reused += figures.get("rows_reused", 0)
+            self.rows_deduplicated += figures.get("rows_deduplicated", 0)
 
     def mark_running(self) -> None:
         """The model is set up: throughput is measured from here."""
@@ -155,6 +167,12 @@ class RunStats:
             **({"backend": self.backend} if self.backend else {}),
             **({"routes": dict(self.routes)} if self.routes else {}),
             **({"drift": self.drift} if self.drift else {}),
+            "reuse": {
+                "rows_from_previous": self.rows_reused,
+                "rows_deduplicated": self.rows_deduplicated,
+                "rows_inferred": self.rows_inferred,
+                "dedupe": self.dedupe,
+            },
             "timeline": [[0.0, 0], *([t, n] for t, n in self.timeline)],
             **(
                 {

@@ -21,6 +21,7 @@ are handed to the writer as a partial shard, so a resume continues from that row
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -38,6 +39,7 @@ from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
 from ..records import ErrorRecord, ShardOutput
 from ..report import RunStats
+from ..reuse import HASH_COLUMN, DedupeCache, PreviousOutput, row_hashes
 from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit
@@ -45,6 +47,7 @@ from .base import BatchTimeout, Emit
 __all__ = ["LocalRunner"]
 
 _STOP = object()
+log = logging.getLogger("bulkinfer")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -68,6 +71,19 @@ class _WindowEnd:
     passthrough: pa.Table
     errors: list[ErrorRecord]
     next_row: int  # the first row after this window (rows before it are done once it is assembled)
+    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
+    dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
+    hashes: np.ndarray | None = None  # each position's input hash (dedupe keeps the results by it)
+
+
+@dataclass
+class _Reuse:
+    """What a window takes from elsewhere instead of inferring it."""
+
+    compute: np.ndarray | None = None  # positions to infer (None: all)
+    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
+    dupes: tuple[np.ndarray, np.ndarray] | None = None
+    hashes: np.ndarray | None = None
 
 
 @dataclass
@@ -112,13 +128,28 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
+        # results computed once (see bulkinfer.reuse): from a previous output, or from identical rows
+        self.hash_columns = list(adapter.input_columns)
+        self.write_hash = cfg.sink.input_hash or cfg.source.previous is not None
+        self.previous: PreviousOutput | None = None
+        self.dedupe: bool | None = None if cfg.runtime.dedupe == "auto" else bool(cfg.runtime.dedupe)
+        self.cache = DedupeCache(cfg.runtime.dedupe_cache_rows)
+        self._out_types: dict[str, pa.DataType] = {}
 
     # -- the runner contract -------------------------------------------------------
     def start(self, gate: Callable[[], None]) -> None:
         """Set the model up in this process, then run the quality gate."""
         self.adapter.setup(job_setup_context(self.cfg))
+        self.load_previous()
         gate()
         self.stats.mark_running()
+
+    def load_previous(self) -> None:
+        """The previous output's index (``source.previous``), once per process."""
+        if self.cfg.source.previous and self.previous is None:
+            from ..reuse import PreviousOutput
+
+            self.previous = PreviousOutput(self.cfg.source.previous, self.cfg.source.id_column or "")
 
     def close(self) -> None:
         self.adapter.close()
@@ -214,6 +245,52 @@ class LocalRunner:
                 self.stats.add_batch(len(idx))
         return items
 
+    def _reuse(self, table: pa.Table) -> _Reuse:
+        """Split a window's rows into those to infer and those whose result is known: unchanged
+        since the previous output, seen earlier (dedupe cache), or repeating a row of this window."""
+        out = _Reuse()
+        if not table.num_rows or not (self.write_hash or self.previous is not None or self.dedupe is not False):
+            return out
+        out.hashes = hashes = row_hashes(table, self.hash_columns)
+        todo = np.arange(table.num_rows)
+        if self.previous is not None:
+            id_col = table.column(self.cfg.source.id_column or "")
+            same, where = self.previous.matches(id_col, hashes)
+            if same.any():
+                pos = np.flatnonzero(same)
+                self.stats.add_reuse(previous=len(pos))
+                if self.cfg.sink.mode != "delta":  # delta: unchanged rows are left out of the output
+                    cols = self.previous.take(where[same], self.previous.output_columns, id_col.take(pa.array(pos)))
+                    out.reused.append((pos, cols))
+                todo = np.flatnonzero(~same)
+        if self.dedupe is None:  # auto: decided once, from the first rows read
+            self.dedupe = len(todo) > 0 and 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
+            log.info("runtime.dedupe = auto: %s", "on" if self.dedupe else "off")
+        if self.dedupe and len(todo):
+            todo = self._dedupe(todo, hashes, out)
+        if len(todo) < table.num_rows:
+            out.compute = todo
+        return out
+
+    def _dedupe(self, todo: np.ndarray, hashes: np.ndarray, out: _Reuse) -> np.ndarray:
+        """Rows of ``todo`` whose input hash is cached take the cached result; of the rest, the
+        first row of each hash is inferred and the others copy it."""
+        hits = self.cache.get_many(hashes[todo]) if self._out_types else {}
+        if hits:
+            hit = np.fromiter((int(h) in hits for h in hashes[todo]), bool, len(todo))
+            pos = todo[hit]
+            values = [hits[int(h)] for h in hashes[pos]]
+            cols = {n: pa.array([v[n] for v in values], t) for n, t in self._out_types.items()}
+            out.reused.append((pos, cols))
+            todo = todo[~hit]
+        _, first, inverse = np.unique(hashes[todo], return_index=True, return_inverse=True)
+        is_first = np.zeros(len(todo), bool)
+        is_first[first] = True
+        if not is_first.all():
+            out.dupes = (todo[~is_first], todo[first[inverse[~is_first]]])
+        self.stats.add_reuse(deduplicated=len(todo) - int(is_first.sum()) + (int(hit.sum()) if hits else 0))
+        return todo[is_first]
+
     def _produce_shard(self, shard: Shard, q: queue.Queue[Any]) -> bool:
         """Queue the shard's batches and window ends; False when told to stop."""
         bad_rows: list[tuple[int, str]] = []
@@ -236,15 +313,25 @@ class LocalRunner:
                     table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
                 rows = table.column(ROW).to_numpy()
                 table = table.drop_columns([ROW])
+                reuse = self._reuse(table)
+                sub = table if reuse.compute is None else table.take(pa.array(reuse.compute))
+                sub_rows = rows if reuse.compute is None else rows[reuse.compute]
                 features, good, pre_errors = (
-                    self._preprocess(shard, rows, table) if table.num_rows else (None, np.empty(0, np.int64), [])
+                    self._preprocess(shard, sub_rows, sub) if sub.num_rows else (None, np.empty(0, np.int64), [])
                 )
+                if reuse.compute is not None:
+                    good = reuse.compute[good]  # positions in the window, as the assembly expects
                 items = self._batches(shard, features, good) if len(good) else []
                 self.stats.add_time("preprocess", time.perf_counter() - t0)
                 for item in items:
                     q.put(item)
                 next_row = max([last, *(e.row for e in errors if e.row is not None)]) + 1
-                q.put(_WindowEnd(shard, rows, table.select(self.passthrough), errors + pre_errors, next_row))
+                passthrough = table.select(self.passthrough)
+                if self.write_hash:
+                    passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
+                end = _WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row)
+                end.reused, end.dupes, end.hashes = reuse.reused, reuse.dupes, reuse.hashes
+                q.put(end)
                 if limit is not None:
                     q.put(_ShardEnd(shard, stop=limit))
                     return True
@@ -327,7 +414,7 @@ class LocalRunner:
             self.on_progress()
 
     def _assemble(self, state: _ShardState, end: _WindowEnd) -> None:
-        pieces, state.pieces = state.pieces, []
+        computed, state.pieces = state.pieces, []
         batch_errors, state.batch_errors = state.batch_errors, []
         state.errors.extend(end.errors)
         for pos, exc in batch_errors:
@@ -336,6 +423,9 @@ class LocalRunner:
                     end.shard.uri, int(end.rows[pos]), "predict", exc, row_id=self._row_id(end.passthrough, pos)
                 )
             )
+        pieces = computed + end.reused
+        if end.dupes is not None or (self.dedupe and end.hashes is not None):
+            pieces += self._fan_out(computed, end, dict(batch_errors), state)
         rows, take = restore_order([p[0] for p in pieces])
         names = list(pieces[0][1]) if pieces else []
         clash = [n for n in names if n in end.passthrough.column_names]
@@ -350,12 +440,57 @@ class LocalRunner:
             order = None
         arrays = [col.take(pa.array(keep)) for col in end.passthrough.columns]
         for name in names:
-            col = pa.concat_arrays([p[1][name] for p in pieces])
+            parts = [p[1][name] for p in pieces]
+            first = parts[0].type  # results taken from elsewhere get the model's own type
+            col = pa.concat_arrays([a if a.type == first else a.cast(first) for a in parts])
             arrays.append(col if order is None else col.take(order))
         table = pa.Table.from_arrays(arrays, names=[*end.passthrough.column_names, *names])
         if table.num_rows:
             state.windows.append(table)
         state.done_rows = end.next_row - state.shard.start
+
+    def _fan_out(
+        self,
+        computed: list[tuple[np.ndarray, dict[str, pa.Array]]],
+        end: _WindowEnd,
+        failed: dict[int, BaseException],
+        state: _ShardState,
+    ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
+        """Copy each inferred result to the rows of this window with the same input (a row whose
+        source failed fails the same way), and keep the results for later windows."""
+        if not computed:
+            cols: dict[str, pa.Array] = {}
+            at = np.empty(0, np.int64)
+        else:
+            at = np.concatenate([p[0] for p in computed])
+            cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]}
+            self._out_types = self._out_types or {n: c.type for n, c in cols.items()}
+            if end.hashes is not None:
+                self.cache.put_many(end.hashes[at], cols)
+        if end.dupes is None:
+            return []
+        dup, src = end.dupes
+        order = np.argsort(at)
+        loc = np.searchsorted(at[order], src)
+        ok = loc < len(at)
+        ok[ok] = at[order][loc[ok]] == src[ok]
+        taken = pa.array(order[loc[ok]])
+        out = [(dup[ok], {n: c.take(taken) for n, c in cols.items()})] if ok.any() else []
+        pre = {e.row: e for e in end.errors if e.row is not None}
+        for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):  # the source failed
+            why = failed.get(s_) or pre.get(int(end.rows[s_]))
+            message = why.message if isinstance(why, ErrorRecord) else str(why)
+            stage = why.stage if isinstance(why, ErrorRecord) else "predict"
+            state.errors.append(
+                ErrorRecord.of(
+                    end.shard.uri,
+                    int(end.rows[d]),
+                    stage,
+                    f"same input as row {int(end.rows[s_])}: {message}",
+                    row_id=self._row_id(end.passthrough, d),
+                )
+            )
+        return out
 
     def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
         shard = state.shard

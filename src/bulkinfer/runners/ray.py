@@ -80,6 +80,10 @@ class Worker:
         self.routes = compile_routes(self.cfg)
         self.runner: Any = None
         self.error: BaseException | None = None
+        from ..reuse import DedupeCache
+
+        self.previous: Any = None  # the previous output's index (--incremental-from), loaded on first use
+        self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
             self.adapter = build_adapter(self.cfg, resolve_model(self.cfg))
@@ -97,6 +101,9 @@ class Worker:
             raise self.error
         stats = RunStats()
         runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
+        runner.previous, runner.cache = self.previous, self.cache  # built once per worker, shared by its shards
+        runner.load_previous()
+        self.previous = runner.previous
         done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
         self.runner = runner
         try:

@@ -1,0 +1,322 @@
+"""Results computed once: incremental runs (``--incremental-from PREVIOUS_OUT/``) and
+duplicate inputs within a run (``runtime.dedupe``).
+
+Both rest on one per-row *input hash*: a 64-bit hash of the values of the model's input
+columns in that row (numbers by their float64 bits, text and bytes by BLAKE2b, nulls by a
+constant), written to the output as ``_input_hash`` when ``sink.input_hash`` is on (an
+incremental run always writes it, so runs chain).
+
+**Incremental.** A row whose id is in the previous output with the same input hash takes
+that output's result (read from its part, not recomputed); other rows are inferred. "The
+same" also needs the same model digest and every setting that changes results (the job's
+identity); otherwise nothing is reused and the run says why. The previous output's
+``(id, input hash, part, row)`` are held in sorted numpy arrays: 24 bytes per previous row
+(100M rows: 2.4 GB), searched with binary search per window of rows.
+
+**Dedupe.** Within a run, a row whose input hash was seen in the same window of rows, or in
+a bounded cache of recent results (``runtime.dedupe_cache_rows``), takes that result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ConfigError, SourceError
+
+__all__ = [
+    "HASH_COLUMN",
+    "DedupeCache",
+    "PreviousOutput",
+    "check_previous",
+    "check_reusable",
+    "deleted_rows",
+    "id_keys",
+    "row_hashes",
+]
+
+log = logging.getLogger("bulkinfer")
+
+HASH_COLUMN = "_input_hash"
+_NULL = np.uint64(0x6A09E667F3BCC908)
+_M = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _blake(values: Sequence[Any]) -> np.ndarray:
+    out = np.empty(len(values), np.uint64)
+    for i, v in enumerate(values):
+        if v is None:
+            out[i] = _NULL
+            continue
+        data = v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogatepass")
+        out[i] = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return out
+
+
+def _column_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+        bits = np.ascontiguousarray(np.where(values == 0, 0.0, values)).view(np.uint64)  # -0.0 == 0.0
+        h = _mix(bits + _M)
+        if arr.null_count:
+            h = np.where(arr.is_null().to_numpy(zero_copy_only=False), _NULL, h)
+        return h
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_struct(t):
+        import json
+
+        return _blake([None if v is None else json.dumps(v, sort_keys=True) for v in arr.to_pylist()])
+    return _blake(arr.to_pylist())
+
+
+def row_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """One 64-bit hash per row of the values in ``columns`` (in that order)."""
+    h = np.full(table.num_rows, np.uint64(len(columns)), np.uint64)
+    with np.errstate(over="ignore"):
+        for name in columns:
+            h = _mix(h * _M + _column_hash(table.column(name)))
+    return h
+
+
+def id_keys(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A 64-bit key per id: integers as themselves, anything else by BLAKE2b of its text."""
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if pa.types.is_integer(arr.type) and arr.null_count == 0:
+        return arr.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
+    return _blake(arr.to_pylist())
+
+
+@dataclass(frozen=True)
+class _Index:
+    keys: np.ndarray  # sorted uint64 id keys
+    hashes: np.ndarray  # uint64 input hash of each
+    parts: np.ndarray  # int32 part index of each
+    rows: np.ndarray  # int32 row in that part
+
+
+class PreviousOutput:
+    """The rows of an earlier output a run may take results from (read-only)."""
+
+    def __init__(self, where: str, id_column: str) -> None:
+        from .outputs import finished_output, part_batches
+
+        self.where = where
+        self.id_column = id_column
+        self.parts, self.job = finished_output(where, "reused (--incremental-from)")
+        keys, hashes, parts, rows = [], [], [], []
+        for i, part in enumerate(self.parts):
+            start = 0
+            for batch in part_batches(part, [id_column, HASH_COLUMN], _hint(where)):
+                keys.append(id_keys(batch.column(0)))
+                hashes.append(batch.column(1).to_numpy(zero_copy_only=False).astype(np.uint64))
+                parts.append(np.full(batch.num_rows, i, np.int32))
+                rows.append(np.arange(start, start + batch.num_rows, dtype=np.int32))
+                start += batch.num_rows
+        k = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+        order = np.argsort(k, kind="stable")
+        k = k[order]
+        dup = np.flatnonzero(k[1:] == k[:-1])
+        if len(dup):
+            raise SourceError(
+                f"{where}: ids in {id_column!r} repeat ({len(dup)} repeated); reuse needs one row per id", where
+            )
+        self.index = _Index(
+            k,
+            np.concatenate(hashes)[order] if hashes else np.empty(0, np.uint64),
+            np.concatenate(parts)[order] if parts else np.empty(0, np.int32),
+            np.concatenate(rows)[order] if rows else np.empty(0, np.int32),
+        )
+        self.rows = len(k)
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+        cfg = self.job.get("config", {})
+        kept = {id_column, HASH_COLUMN, *cfg.get("sink", {}).get("keep_columns", [])}
+        self.output_columns: list[str] = [n for n in _schema_names(self.parts) if n not in kept]
+
+    def matches(self, ids: pa.ChunkedArray | pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows (by id and input hash) the previous output holds unchanged, and where (index)."""
+        keys = id_keys(ids)
+        ix = self.index
+        pos = np.searchsorted(ix.keys, keys)
+        pos_ok = np.minimum(pos, max(len(ix.keys) - 1, 0))
+        found = (pos < len(ix.keys)) & (ix.keys[pos_ok] == keys) if len(ix.keys) else np.zeros(len(keys), bool)
+        same = found & (ix.hashes[pos_ok] == hashes) if len(ix.keys) else found
+        return same, pos_ok
+
+    def take(self, where: np.ndarray, columns: Sequence[str], ids: pa.Array | pa.ChunkedArray) -> dict[str, pa.Array]:
+        """The previous output's ``columns`` at index positions ``where`` (in that order), checked
+        to belong to ``ids`` (a key collision of text ids is caught, never written)."""
+        ix = self.index
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        pieces: dict[str, list[pa.Array]] = {c: [] for c in columns}
+        got_ids: list[pa.Array] = []
+        parts = ix.parts[where]
+        rows = ix.rows[where]
+        order = np.argsort(parts, kind="stable")
+        for p in np.unique(parts):
+            sel = order[parts[order] == p]
+            table = self._part(int(p), [self.id_column, *columns])
+            taken = table.take(pa.array(rows[sel]))
+            got_ids.append(taken.column(self.id_column).combine_chunks())
+            for c in columns:
+                pieces[c].append(taken.column(c).combine_chunks())
+        back = np.empty(len(where), np.int64)
+        back[order] = np.arange(len(where))
+        out = {c: pa.concat_arrays(v).take(pa.array(back)) if v else pa.array([]) for c, v in pieces.items()}
+        if got_ids:
+            check = pa.concat_arrays(got_ids).take(pa.array(back))
+            if not check.equals(ids.cast(check.type) if ids.type != check.type else ids):
+                raise SourceError(f"{self.where}: an id key collided with another id; rerun without --incremental-from")
+        return out
+
+    def _part(self, i: int, columns: list[str]) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        from .sources.files import path_or_file
+
+        with self._lock:
+            if i in self._cache:
+                self._cache.move_to_end(i)
+                return self._cache[i]
+        table = pq.read_table(path_or_file(self.parts[i].path), columns=columns)
+        with self._lock:
+            self._cache[i] = table
+            while len(self._cache) > 2:  # the parts of one shard's neighbourhood
+                self._cache.popitem(last=False)
+        return table
+
+    def ids(self) -> np.ndarray:
+        """Every previous id key (sorted)."""
+        return self.index.keys
+
+
+def _schema_names(parts: Sequence[Any]) -> list[str]:
+    import pyarrow.parquet as pq
+
+    from .sources.files import path_or_file
+
+    return list(pq.ParquetFile(path_or_file(parts[0].path)).schema_arrow.names) if parts else []
+
+
+def check_previous(where: str, id_column: str | None, sink_format: str) -> dict[str, Any]:
+    """The previous output's job.json, after checking it can serve an incremental run."""
+    from .outputs import finished_output
+
+    require_id(id_column)
+    if sink_format != "parquet":
+        raise ConfigError("--incremental-from writes Parquet (results are read back by id): drop sink.format")
+    try:
+        parts, job = finished_output(where, "reused (--incremental-from)")
+    except SourceError as exc:
+        raise ConfigError(f"--incremental-from: {exc}") from None
+    names = _schema_names(parts)
+    if parts and HASH_COLUMN not in names:
+        raise ConfigError(f"--incremental-from: {_hint(where)}")
+    if parts and id_column not in names:
+        raise ConfigError(f"--incremental-from: {where} has no id column {id_column!r} (it has {', '.join(names)})")
+    return job
+
+
+def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
+    """The previous output's ids that ``current`` (id keys) no longer has."""
+    from .outputs import finished_output, part_batches
+
+    parts, _ = finished_output(where, "reused (--incremental-from)")
+    now = np.sort(current)
+    gone: list[pa.Array] = []
+    for part in parts:
+        for batch in part_batches(part, [id_column], _hint(where)):
+            keys = id_keys(batch.column(0))
+            at = np.minimum(np.searchsorted(now, keys), max(len(now) - 1, 0))
+            present = now[at] == keys if len(now) else np.zeros(len(keys), bool)
+            gone.append(batch.column(0).filter(pa.array(~present)))
+    ids = pa.concat_arrays(gone) if gone else pa.array([], pa.int64())
+    return pa.table({id_column: ids})
+
+
+def _hint(where: str) -> str:
+    return (
+        f"the previous output {where} was written without input hashes: run it once with "
+        "sink.input_hash = true (or from an incremental run), then use it with --incremental-from"
+    )
+
+
+class DedupeCache:
+    """Recent results by input hash, bounded in rows (least recently used go first)."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._rows: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, hashes: np.ndarray) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            out = {}
+            for h in hashes.tolist():
+                row = self._rows.get(h)
+                if row is not None:
+                    self._rows.move_to_end(h)
+                    out[h] = row
+            return out
+
+    def put_many(self, hashes: np.ndarray, columns: Mapping[str, pa.Array]) -> None:
+        if self.max_rows <= 0 or not len(hashes):
+            return
+        values = {name: arr.to_pylist() for name, arr in columns.items()}
+        with self._lock:
+            for i, h in enumerate(hashes.tolist()):
+                self._rows[h] = {name: v[i] for name, v in values.items()}
+                self._rows.move_to_end(h)
+            while len(self._rows) > self.max_rows:
+                self._rows.popitem(last=False)
+
+
+def check_reusable(previous_job: Mapping[str, Any], identity: Mapping[str, Any], digest: str) -> str | None:
+    """Why the previous output's results cannot stand for this job's (None: they can)."""
+    if previous_job.get("model_digest") != digest:
+        return "the model changed (another digest)"
+    theirs = previous_job.get("identity", {})
+    ignore = {
+        "source.format",
+        "source.shard_rows",
+        "source.column_types",
+        "sink.format",
+        "sink.keep_columns",
+        "sink.preserve_order",
+        "sink.compression",
+        "execution.limit_rows",
+        "source.previous",
+        "sink.input_hash",
+        "sink.mode",
+    }
+    for key, value in identity.items():
+        if key in ignore:
+            continue
+        if theirs.get(key) != value:
+            return f"{key} changed ({theirs.get(key)!r} -> {value!r})"
+    return None
+
+
+def require_id(id_column: str | None) -> str:
+    if not id_column:
+        raise ConfigError("--incremental-from needs source.id_column: rows are matched to the previous output by id")
+    return id_column

@@ -1,0 +1,168 @@
+"""Incremental runs and dedupe: results taken from the previous output (or from an earlier
+identical row) equal a full run's, exactly; only changed and new rows reach the model; ids
+that disappeared are listed; a killed incremental run resumes exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bulkinfer import load_config, run_job
+from bulkinfer.errors import ConfigError
+
+from helpers import cli, read_output, tabular_table, write
+
+MODELS = textwrap.dedent("""
+    import os
+    import numpy as np
+    from bulkinfer import Adapter
+
+    class Scored(Adapter):
+        input_columns = ("x1", "x2", "segment")
+
+        def __init__(self, scale=1.0):
+            self.scale = scale
+
+        def predict(self, batch):
+            log = os.environ.get("CALLS_LOG")  # every row the model sees, counted
+            if log:
+                with open(log, "a") as fh:
+                    fh.write(f"{batch.num_rows}\\n")
+            x1, x2 = batch["x1"].to_numpy(), batch["x2"].to_numpy()
+            seg = np.array([len(s) for s in batch["segment"].to_pylist()], float)
+            emb = np.column_stack([x1, x2, seg, x1 * x2]) * self.scale
+            return {"embedding": emb.astype(np.float32), "score": self.scale * (x1 + 2 * x2) + seg,
+                    "label": np.where(x1 > 0, "up", "down")}
+""")
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    (tmp_path / "incmodels.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "incmodels:Scored"
+    sys.modules.pop("incmodels", None)
+
+
+def config(tmp_path, inp, out, **extra):
+    return load_config(overrides={
+        "source.paths": [str(tmp_path / inp)], "model.name": "incmodels:Scored", "source.id_column": "id",
+        "sink.path": str(tmp_path / out), "source.shard_rows": 150, "runtime.batch_size": 32,
+        "execution.progress": "none", **extra,
+    })  # fmt: skip
+
+
+def calls(path) -> int:
+    return sum(int(x) for x in path.read_text().split()) if path.exists() else 0
+
+
+@pytest.fixture
+def nightly(tmp_path, models):
+    """Yesterday's catalog and output (with input hashes); today's catalog: 50 rows changed,
+    10 deleted, 20 new, and the rows shuffled."""
+    old = tabular_table(1000, seed=11)
+    write(old, tmp_path / "old.parquet")
+    run_job(config(tmp_path, "old.parquet", "prev", **{"sink.input_hash": True}))
+    rng = np.random.default_rng(5)
+    x1 = old["x1"].to_numpy().copy()
+    changed = rng.choice(1000, 50, replace=False)
+    x1[changed] += 1.0
+    new = old.set_column(1, "x1", [x1])
+    deleted = rng.choice(np.setdiff1d(np.arange(1000), changed), 10, replace=False)
+    new = new.filter(pa.array(~np.isin(np.arange(1000), deleted)))
+    new = pa.concat_tables([new, tabular_table(20, seed=12, start=5000)])
+    new = new.take(pa.array(rng.permutation(new.num_rows)))
+    write(new, tmp_path / "new.parquet")
+    return {"changed": set(changed.tolist()), "deleted": set(deleted.tolist()), "rows": new.num_rows}
+
+
+def test_an_incremental_run_equals_a_full_run_and_infers_only_what_changed(tmp_path, nightly, monkeypatch):
+    full = run_job(config(tmp_path, "new.parquet", "full", **{"sink.input_hash": True}))
+    log = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS_LOG", str(log))
+    inc = run_job(config(tmp_path, "new.parquet", "inc", **{"source.previous": str(tmp_path / "prev")}))
+    monkeypatch.delenv("CALLS_LOG")
+    a, b = read_output(tmp_path / "full").sort_by("id"), read_output(tmp_path / "inc").sort_by("id")
+    assert b.num_rows == nightly["rows"] == 1010 and a.equals(b)  # same ids, same values, same hashes
+    assert b.column_names == ["id", "_input_hash", "embedding", "score", "label"]
+    reuse = inc.report["reuse"]
+    assert reuse["rows_from_previous"] == 1000 - 50 - 10 and reuse["rows_inferred"] == 70
+    assert calls(log) == 70 and full.report["reuse"]["rows_from_previous"] == 0
+    deleted = pq.read_table(tmp_path / "inc" / "_deleted.parquet")
+    assert set(deleted["id"].to_pylist()) == nightly["deleted"]
+    manifest = json.loads((tmp_path / "inc" / "_SUCCESS").read_text())
+    assert manifest["deleted"] == {"file": "_deleted.parquet", "rows": 10}
+
+    # delta mode: only the changed and new rows, and the deletions
+    run_job(config(tmp_path, "new.parquet", "delta", **{"source.previous": str(tmp_path / "prev"),
+                                                         "sink.mode": "delta"}))  # fmt: skip
+    d = read_output(tmp_path / "delta")
+    assert set(d["id"].to_pylist()) == nightly["changed"] | set(range(5000, 5020))
+    assert d.sort_by("id").equals(a.filter(pa.compute.is_in(a["id"], d["id"])).sort_by("id"))
+    assert set(pq.read_table(tmp_path / "delta" / "_deleted.parquet")["id"].to_pylist()) == nightly["deleted"]
+
+
+def test_nothing_is_reused_when_the_model_or_a_setting_changed(tmp_path, nightly, caplog):
+    inc = run_job(config(tmp_path, "new.parquet", "inc", **{"source.previous": str(tmp_path / "prev"),
+                                                             "model.options": {"scale": 2.0}}))  # fmt: skip
+    assert inc.report["reuse"]["rows_from_previous"] == 0 and inc.report["reuse"]["rows_inferred"] == 1010
+    assert "nothing can be reused" in caplog.text and "model.options changed" in caplog.text
+    full = run_job(config(tmp_path, "new.parquet", "full", **{"model.options": {"scale": 2.0},
+                                                               "sink.input_hash": True}))  # fmt: skip
+    assert read_output(tmp_path / "inc").sort_by("id").equals(read_output(tmp_path / "full").sort_by("id"))
+    assert full.report["rows_out"] == 1010
+
+
+def test_refusals_name_the_reason(tmp_path, models):
+    write(tabular_table(100, seed=1), tmp_path / "in.parquet")
+    run_job(config(tmp_path, "in.parquet", "plain"))  # no input hashes
+    with pytest.raises(ConfigError, match="written without input hashes: run it once with sink.input_hash = true"):
+        run_job(config(tmp_path, "in.parquet", "x", **{"source.previous": str(tmp_path / "plain")}))
+    with pytest.raises(ConfigError, match="needs source.id_column"):
+        run_job(config(tmp_path, "in.parquet", "y", **{"source.previous": str(tmp_path / "plain"),
+                                                        "source.id_column": None}))  # fmt: skip
+    with pytest.raises(ConfigError, match="no _SUCCESS"):
+        run_job(config(tmp_path, "in.parquet", "z", **{"source.previous": str(tmp_path / "nowhere")}))
+
+
+def test_a_killed_incremental_run_resumes_exactly_once(tmp_path, nightly):
+    args = ["run", "-i", str(tmp_path / "new.parquet"), "-m", "incmodels:Scored", "--id-column", "id",
+            "-o", str(tmp_path / "inc"), "--shard-rows", "150", "--progress", "none",
+            "--incremental-from", str(tmp_path / "prev")]  # fmt: skip
+    env = {**os.environ, "BULKINFER_CRASH_AT": "exported:3", "PYTHONPATH": str(tmp_path)}
+    assert cli(*args, env=env).returncode == -9
+    env.pop("BULKINFER_CRASH_AT")
+    cli(*args, env=env, check=True)
+    run_job(config(tmp_path, "new.parquet", "full", **{"sink.input_hash": True}))
+    out = read_output(tmp_path / "inc").sort_by("id")
+    assert out.num_rows == 1010 and len(set(out["id"].to_pylist())) == 1010
+    assert out.equals(read_output(tmp_path / "full").sort_by("id"))
+
+
+def test_dedupe_computes_each_distinct_input_once_with_identical_output(tmp_path, models, monkeypatch):
+    base = tabular_table(600, seed=3)
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 600, 400)  # 400 more rows copying earlier rows' inputs (new ids)
+    dup = base.take(pa.array(src)).set_column(0, "id", [np.arange(1000, 1400)])
+    table = pa.concat_tables([base, dup])
+    table = table.take(pa.array(rng.permutation(1000)))
+    write(table, tmp_path / "in.parquet")
+    off = run_job(config(tmp_path, "in.parquet", "off"))
+    log = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS_LOG", str(log))
+    on = run_job(config(tmp_path, "in.parquet", "on", **{"runtime.dedupe": "true"}))
+    monkeypatch.delenv("CALLS_LOG")
+    assert read_output(tmp_path / "on").sort_by("id").equals(read_output(tmp_path / "off").sort_by("id"))
+    distinct = len(set(zip(table["x1"].to_pylist(), table["x2"].to_pylist(), table["segment"].to_pylist(),
+                           strict=True)))  # fmt: skip
+    assert calls(log) == distinct and on.report["reuse"]["rows_deduplicated"] == 1000 - distinct
+    assert off.report["reuse"]["rows_deduplicated"] == 0
+    auto = run_job(config(tmp_path, "in.parquet", "auto", **{"runtime.dedupe": "auto"}))
+    assert auto.report["reuse"]["dedupe"] is True and auto.report["reuse"]["rows_deduplicated"] > 0
