@@ -12,7 +12,6 @@ already committed), :func:`execute` (the runner over what is left) and the repor
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -27,14 +26,15 @@ from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size,
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
-from .ledger import PRIVATE, Ledger, OutputLedger, failed_rows
+from .ledger import Ledger, OutputLedger, failed_rows
 from .lineage import Lineage
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
-from .report.columns import OutputStats
+from .report.drift import drift_against, drift_line, load_baseline
 from .report.output import instance_price, load_output_stats
+from .reuse import HASH_COLUMN, write_deleted
 from .routing import compile_routes
 from .runners import make_runner
 from .sinks import Sink, make_sink
@@ -44,8 +44,6 @@ from .sources import Shard
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
 log = logging.getLogger("bulkinfer")
-
-DELETED = "_deleted.parquet"
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             elif status == "failed":
                 lineage.fail(failure, report)
         if done:
-            extra = _write_deleted(cfg, job.cfg, plan, ledger, report)
+            extra = write_deleted(cfg.source.previous, job.cfg, plan, ledger, report) if cfg.source.previous else {}
             ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
             lineage.complete(report, stats.output.schema)
     if done and job.cfg.index.output:
@@ -166,76 +164,12 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     return RunResult(sink.out_dir, status, report)
 
 
-def _write_deleted(
-    asked: JobConfig, cfg: JobConfig, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]
-) -> dict[str, Any]:
-    """An incremental run lists the previous output's ids that are no longer in the input in
-    ``_deleted.parquet``: a record beside the parts rather than tombstone rows, so the snapshot
-    stays readable on its own and a ``sink.mode = "delta"`` consumer reads the deletions from one
-    file. Rows that failed this run are not deleted: they are still in the input."""
-    if not asked.source.previous:
-        return {}
-    import io
-
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from .reuse import deleted_rows, id_keys
-    from .schema import parse_type
-    from .sources import read_shard
-
-    id_col = cfg.source.id_column or ""
-    types = {c: parse_type(t) for c, t in (plan.column_types or {}).items() if c == id_col}
-    keys = [
-        id_keys(batch.column(id_col))
-        for shard in plan.shards
-        for batch in read_shard(shard, [id_col], cfg.source.read_batch_rows, lambda row, msg: None, types)
-    ]
-    gone = deleted_rows(asked.source.previous, id_col, np.concatenate(keys) if keys else np.empty(0, np.uint64))
-    buf = io.BytesIO()
-    pq.write_table(gone, buf)
-    ledger.write_file(DELETED, buf.getvalue())
-    report["reuse"]["rows_deleted"] = gone.num_rows
-    return {"deleted": {"file": DELETED, "rows": gone.num_rows}}
-
-
 def _bytes(ledger: OutputLedger) -> int:
     """The committed parts' bytes (0 when the ledger cannot be read: the report never hides the outcome)."""
     try:
         return sum(c.bytes for c in ledger.commits())
     except Exception:  # a report figure, not a decision
         return 0
-
-
-def load_baseline(where: str | None) -> OutputStats | None:
-    """The column statistics of ``monitor.baseline`` (checked before any inference)."""
-    if where is None:
-        return None
-    from .report.output import STATS
-    from .sources.files import read_whole
-
-    data = read_whole(f"{where.rstrip('/')}/{PRIVATE}/{STATS}")
-    if data is None:
-        raise ConfigError(
-            f"monitor.baseline: {where} has no {PRIVATE}/{STATS} (not a bulkinfer output, or written before "
-            "bulkinfer kept statistics); point it at an earlier run's output or rerun that job"
-        )
-    return OutputStats.from_json(json.loads(data))
-
-
-def drift_against(baseline: OutputStats, stats: RunStats, cfg: JobConfig) -> dict[str, Any]:
-    from .report.drift import compare_stats
-
-    drift = compare_stats(baseline, stats.output, cfg.monitor.max_psi)
-    if drift["status"] == "drift":
-        log.warning("drift against %s: %s", cfg.monitor.baseline, drift_line(drift))
-    return drift
-
-
-def drift_line(drift: dict[str, Any]) -> str:
-    cols = drift["columns"]
-    figures = ", ".join(f"{n} PSI {cols[n]['psi']:.3f}" for n in drift["over"])
-    return f"{figures} (over monitor.max_psi={drift['max_psi']})"
 
 
 def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
@@ -294,7 +228,8 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         rows_already_done=plan.rows - sum(s.num_rows for s in todo),
         shards_already_done=len(plan.shards) - len({s.index for s in todo}),
     )
-    stats.output = load_output_stats(ledger, committed, cfg.sink.format, cfg.passthrough_columns)
+    skip = [*cfg.passthrough_columns, HASH_COLUMN]
+    stats.output = load_output_stats(ledger, committed, cfg.sink.format, skip)
     if plan.input_errors:
         ledger.write_input_errors(plan.input_errors)
         for e in plan.input_errors:
@@ -395,8 +330,6 @@ def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp
         "precision": cfg.runtime.precision,
         "engine": cfg.runtime.engine,
     }
-    from .reuse import HASH_COLUMN
-
     skip = (*cfg.passthrough_columns, HASH_COLUMN)  # statistics describe the model's columns only
     return PartStamp(skip, provenance)
 

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,13 @@ import pyarrow.compute as pc
 
 from .errors import ConfigError, SourceError
 
+if TYPE_CHECKING:
+    from .config import JobConfig
+    from .ledger import OutputLedger
+    from .plan import JobPlan
+
 __all__ = [
+    "DELETED",
     "HASH_COLUMN",
     "DedupeCache",
     "PreviousOutput",
@@ -42,11 +48,13 @@ __all__ = [
     "deleted_rows",
     "id_keys",
     "row_hashes",
+    "write_deleted",
 ]
 
 log = logging.getLogger("bulkinfer")
 
 HASH_COLUMN = "_input_hash"
+DELETED = "_deleted.parquet"
 _NULL = np.uint64(0x6A09E667F3BCC908)
 _M = np.uint64(0x9E3779B97F4A7C15)
 
@@ -253,6 +261,35 @@ def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
     return pa.table({id_column: ids})
 
 
+def write_deleted(
+    previous: str, cfg: JobConfig, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]
+) -> dict[str, Any]:
+    """An incremental run lists the previous output's ids that are no longer in the input in
+    ``_deleted.parquet``: a record beside the parts rather than tombstone rows, so the snapshot
+    stays readable on its own and a ``sink.mode = "delta"`` consumer reads the deletions from one
+    file. Rows that failed this run are not deleted: they are still in the input."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from .schema import parse_type
+    from .sources import read_shard
+
+    id_col = cfg.source.id_column or ""
+    types = {c: parse_type(t) for c, t in (plan.column_types or {}).items() if c == id_col}
+    keys = [
+        id_keys(batch.column(id_col))
+        for shard in plan.shards
+        for batch in read_shard(shard, [id_col], cfg.source.read_batch_rows, lambda row, msg: None, types)
+    ]
+    gone = deleted_rows(previous, id_col, np.concatenate(keys) if keys else np.empty(0, np.uint64))
+    buf = io.BytesIO()
+    pq.write_table(gone, buf)
+    ledger.write_file(DELETED, buf.getvalue())
+    report["reuse"]["rows_deleted"] = gone.num_rows
+    return {"deleted": {"file": DELETED, "rows": gone.num_rows}}
+
+
 def _hint(where: str) -> str:
     return (
         f"the previous output {where} was written without input hashes: run it once with "
@@ -295,18 +332,21 @@ def check_reusable(previous_job: Mapping[str, Any], identity: Mapping[str, Any],
     if previous_job.get("model_digest") != digest:
         return "the model changed (another digest)"
     theirs = previous_job.get("identity", {})
-    ignore = {
+    ignore = {  # settings of the output's layout and destinations: they do not change a row's results
         "source.format",
         "source.shard_rows",
         "source.column_types",
+        "source.id_column",
+        "source.previous",
         "sink.format",
         "sink.keep_columns",
         "sink.preserve_order",
         "sink.compression",
-        "execution.limit_rows",
-        "source.previous",
         "sink.input_hash",
         "sink.mode",
+        "execution.limit_rows",
+        "export",
+        "route",
     }
     for key, value in identity.items():
         if key in ignore:

@@ -12,15 +12,24 @@ reading: under 0.1 stable, 0.1-0.25 a shift worth a look, over 0.25 a different 
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .columns import OutputStats, sketch_of, vector_of
 
-__all__ = ["EPS", "compare_stats", "psi", "psi_from_sketches"]
+if TYPE_CHECKING:
+    from ..config import JobConfig
+    from .stats import RunStats
+
+__all__ = ["EPS", "compare_stats", "drift_against", "drift_line", "load_baseline", "psi", "psi_from_sketches"]
+
+log = logging.getLogger("bulkinfer")
 
 EPS = 1e-4
 DECILES = [i / 10 for i in range(1, 10)]
@@ -104,3 +113,35 @@ def compare_stats(baseline: OutputStats, current: OutputStats, max_psi: float) -
         "only_in_baseline": sorted(set(baseline.columns) - set(current.columns)),
         "only_in_current": sorted(set(current.columns) - set(baseline.columns)),
     }
+
+
+def load_baseline(where: str | None) -> OutputStats | None:
+    """The column statistics of ``monitor.baseline`` (checked before any inference)."""
+    if where is None:
+        return None
+    from ..ledger import PRIVATE
+    from ..sources.files import read_whole
+    from .output import STATS
+
+    data = read_whole(f"{where.rstrip('/')}/{PRIVATE}/{STATS}")
+    if data is None:
+        raise ConfigError(
+            f"monitor.baseline: {where} has no {PRIVATE}/{STATS} (not a bulkinfer output, or written before "
+            "bulkinfer kept statistics); point it at an earlier run's output or rerun that job"
+        )
+    return OutputStats.from_json(json.loads(data))
+
+
+def drift_against(baseline: OutputStats, stats: RunStats, cfg: JobConfig) -> dict[str, Any]:
+    """This run's drift against the baseline, with a warning line when a column drifted."""
+    drift = compare_stats(baseline, stats.output, cfg.monitor.max_psi)
+    if drift["status"] == "drift":
+        log.warning("drift against %s: %s", cfg.monitor.baseline, drift_line(drift))
+    return drift
+
+
+def drift_line(drift: dict[str, Any]) -> str:
+    """The drifted columns and their PSI, in one line."""
+    cols = drift["columns"]
+    figures = ", ".join(f"{n} PSI {cols[n]['psi']:.3f}" for n in drift["over"])
+    return f"{figures} (over monitor.max_psi={drift['max_psi']})"

@@ -263,8 +263,8 @@ class LocalRunner:
                     cols = self.previous.take(where[same], self.previous.output_columns, id_col.take(pa.array(pos)))
                     out.reused.append((pos, cols))
                 todo = np.flatnonzero(~same)
-        if self.dedupe is None:  # auto: decided once, from the first rows read
-            self.dedupe = len(todo) > 0 and 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
+        if self.dedupe is None and len(todo):  # auto: decided once, from the first rows to infer
+            self.dedupe = 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
             log.info("runtime.dedupe = auto: %s", "on" if self.dedupe else "off")
         if self.dedupe and len(todo):
             todo = self._dedupe(todo, hashes, out)
