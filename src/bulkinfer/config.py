@@ -40,8 +40,9 @@ class _Section(BaseModel):
 class SourceConfig(_Section):
     paths: list[str] = Field(default_factory=list)
     """Input files: paths, directories, globs or fsspec URIs (file://, memory://, s3://...)."""
-    format: Literal["auto", "parquet", "csv", "jsonl"] = "auto"
-    """Input format; 'auto' picks it from each file's extension."""
+    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg"] = "auto"
+    """Input format; 'auto' picks it from each file's extension. delta: paths are Delta Lake tables;
+    iceberg: paths are Iceberg table names in source.catalog."""
     id_column: str | None = None
     """Column that identifies a row; copied to the output and to error records. Optional."""
     shard_rows: int = Field(default=10_000, ge=1)
@@ -51,6 +52,15 @@ class SourceConfig(_Section):
     column_types: dict[str, str] = Field(default_factory=dict)
     """Arrow types of input columns ({id = "string", price = "double"}); the others are the
     types the files start with, unified across files (int and double: double; else string)."""
+    version: int | None = Field(default=None, ge=0)
+    """Delta: the table version to read (default: the latest)."""
+    snapshot_id: int | None = None
+    """Iceberg: the snapshot to read (default: the current one)."""
+    as_of: str | None = None
+    """Delta or Iceberg: read the table as it was at this ISO 8601 time (2026-12-02T23:00:00Z)."""
+    catalog: dict[str, Any] = Field(default_factory=dict)
+    """Iceberg: the catalog's name and properties, as pyiceberg's load_catalog takes them
+    ({name = "prod", type = "sql", uri = "sqlite:///cat.db", warehouse = "file:///wh"})."""
     previous: str | None = None
     """An earlier output of this job, written with input hashes (--incremental-from): rows whose id and
     input are unchanged take their results from it instead of being inferred."""

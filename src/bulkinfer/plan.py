@@ -108,6 +108,11 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
     if dumped["route"]:  # where rows were routed (absent: the identity of jobs without routes)
         identity["route"] = dumped["route"]
     # what an incremental run reuses, and the output's shape (absent at their defaults)
+    for key in ("version", "snapshot_id", "as_of"):  # the snapshot of a Delta or Iceberg source
+        if dumped["source"][key] is not None:
+            identity[f"source.{key}"] = dumped["source"][key]
+    if dumped["source"]["catalog"]:
+        identity["source.catalog"] = dumped["source"]["catalog"]
     if dumped["source"]["previous"]:
         identity["source.previous"] = dumped["source"]["previous"]
     if dumped["sink"]["input_hash"]:
@@ -164,8 +169,8 @@ def make_plan(
     Refuses up front (``SourceError``) when a needed column is in no input file, and when
     no input file could be planned at all.
     """
-    inputs = list_inputs(cfg.source.paths, cfg.source.format)
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
+    inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns)
     heads = {f.uri: head_schema(f) for f in inputs}
     check_columns(heads, columns)
     identity = job_identity(cfg)

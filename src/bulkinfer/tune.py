@@ -76,7 +76,7 @@ def tune(
         raise ConfigError(
             "tune: engines and precisions apply to text models; tabular and custom models run as they are"
         )
-    shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format), cfg.source.shard_rows, [])
+    shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format, cfg.source), cfg.source.shard_rows, [])
     result = TuneResult()
     sample = None
     for engine, precision in precisions:

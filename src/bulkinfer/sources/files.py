@@ -135,9 +135,17 @@ def fingerprint(uri: str, fmt: str) -> InputFile:
     return InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
 
 
-def list_inputs(patterns: Sequence[str], declared_format: str = "auto") -> list[InputFile]:
-    """Expand paths, directories and globs into fingerprinted files, sorted, without duplicates."""
+def list_inputs(
+    patterns: Sequence[str], declared_format: str = "auto", source: Any = None, columns: Sequence[str] = ()
+) -> list[InputFile]:
+    """Expand paths, directories and globs into fingerprinted files, sorted, without duplicates;
+    for a Delta or Iceberg source (``source``: its config), the data files of the chosen snapshot."""
     from .registry import EXTENSIONS, detect_format
+
+    if declared_format in ("delta", "iceberg"):
+        from .tables import table_inputs
+
+        return table_inputs(patterns, source, columns)
 
     uris: list[str] = []
     for pattern in patterns:
