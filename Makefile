@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_exports.py 20000 --job-rows 2000
 	$(PY) bench/bench_index.py 50000 20000
 	$(PY) bench/bench_incremental.py 20000
+	$(PY) bench/bench_planning.py 10000 2000
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -21,6 +21,7 @@ from .errors import SourceError
 from .records import ErrorRecord
 from .schema import type_name
 from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
+from .sources.files import concurrently
 
 if TYPE_CHECKING:
     from .adapters import Adapter, ResolvedModel
@@ -171,7 +172,7 @@ def make_plan(
     """
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
     inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns)
-    heads = {f.uri: head_schema(f) for f in inputs}
+    heads = dict(zip((f.uri for f in inputs), concurrently(head_schema, inputs), strict=True))
     check_columns(heads, columns)
     identity = job_identity(cfg)
     draft = JobPlan(

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import glob as _glob
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import SourceError
 
-__all__ = ["InputFile", "filesystem", "list_inputs", "open_binary", "path_or_file", "read_range", "read_whole"]
+__all__ = [
+    "InputFile",
+    "concurrently",
+    "filesystem",
+    "list_inputs",
+    "open_binary",
+    "path_or_file",
+    "read_range",
+    "read_whole",
+]
 
 _HASH_BYTES = 64 * 1024
 
@@ -151,4 +160,21 @@ def list_inputs(
     for pattern in patterns:
         uris.extend(_expand(pattern, list(EXTENSIONS)))
     unique = sorted(set(uris))
-    return [fingerprint(u, detect_format(u, declared_format)) for u in unique]
+    formats = [detect_format(u, declared_format) for u in unique]
+    return concurrently(lambda pair: fingerprint(*pair), list(zip(unique, formats, strict=True)))
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+PLANNING_THREADS = 16
+
+
+def concurrently(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``fn`` over ``items`` on up to 16 threads (planning reads footers and heads: mostly waiting
+    on storage), results in order; the first exception is raised as it would be in a loop."""
+    if len(items) < 4:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(PLANNING_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))

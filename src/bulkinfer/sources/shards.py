@@ -8,6 +8,7 @@ does not fit its column's type is reported to ``on_bad_row``, not a failed file.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,19 +29,23 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
     :class:`SourceError`, or, when ``problems`` is a list, is skipped and its error appended.
     Empty files have no shards.
     """
-    shards: list[Shard] = []
-    for f in files:
-        if f.size == 0:
-            continue
+    from .files import concurrently
+
+    def spans_of(f: InputFile) -> list[Any] | SourceError:
         try:
             if f.unreadable is not None:
                 raise SourceError(f"{f.uri}: cannot read the file ({f.unreadable}); check its permissions", f.uri)
-            spans = get_format(f.format).plan(f, shard_rows)
+            return list(get_format(f.format).plan(f, shard_rows))
         except (SourceError, OSError) as exc:
-            err = exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})", f.uri)
+            return exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})", f.uri)
+
+    planned = concurrently(spans_of, [f for f in files if f.size != 0])  # footers read concurrently
+    shards: list[Shard] = []
+    for f, spans in zip([f for f in files if f.size != 0], planned, strict=True):
+        if isinstance(spans, SourceError):
             if problems is None:
-                raise err from exc
-            problems.append(err)
+                raise spans
+            problems.append(spans)
             continue
         for span in spans:
             base = span.start if span.offset is not None else None
