@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,3 +98,18 @@ def wait_commits(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
     raise AssertionError("no commit in time")
+
+
+def stop_after_commits(out: Path, n: int) -> threading.Event:
+    """An event set (as SIGTERM sets the job's) once ``out``'s ledger has ``n`` commit lines:
+    ``run_job(cfg, stop=...)`` then stops after committing what it read."""
+    stop = threading.Event()
+    log = out / "_bulkinfer" / "commits.log"
+
+    def watch() -> None:
+        while not (log.exists() and log.read_text().count("\n") >= n):
+            time.sleep(0.005)
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop

@@ -172,7 +172,8 @@ def make_plan(
     """
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
     inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns)
-    heads = dict(zip((f.uri for f in inputs), concurrently(head_schema, inputs), strict=True))
+    uris = [f.uri for f in inputs]
+    heads = dict(zip(uris, concurrently(head_schema, inputs, uris), strict=True))
     check_columns(heads, columns)
     identity = job_identity(cfg)
     draft = JobPlan(

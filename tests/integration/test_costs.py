@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import threading
-import time
 
 import pytest
 
@@ -15,7 +13,7 @@ from bulkinfer import load_config, run_job
 from bulkinfer.errors import ConfigError, Interrupted
 from bulkinfer.report.output import price_table
 
-from helpers import cli, tabular_table, train_classifier, write
+from helpers import cli, stop_after_commits, tabular_table, train_classifier, write
 
 
 def job(tmp_path, out, **extra):
@@ -38,15 +36,7 @@ def test_runs_are_booked_by_month_and_label(tmp_path):
     run_job(job(tmp_path, "b", **{"cost.labels": {"team": "risk", "model": "rf-v3"},
                                   "cost.instance_price_per_hour": 3.6}))  # fmt: skip
     # a run stopped part-way, then resumed: both runs were paid for
-    stop = threading.Event()
-    log = tmp_path / "c" / "_bulkinfer" / "commits.log"
-
-    def stopper() -> None:
-        while not (log.exists() and log.read_text().count("\n") >= 2):
-            time.sleep(0.005)
-        stop.set()
-
-    threading.Thread(target=stopper, daemon=True).start()
+    stop = stop_after_commits(tmp_path / "c", 2)
     stopped = job(tmp_path, "c", **search, **{"cost.instance_price_per_hour": 7.2, "runtime.batch_size": 8})
     with pytest.raises(Interrupted):
         run_job(stopped, stop=stop)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 from bulkinfer import load_config, run_job
 from bulkinfer.errors import Interrupted
 
-from helpers import cli, read_output, tabular_table, train_classifier, write
+from helpers import cli, read_output, stop_after_commits, tabular_table, train_classifier, write
 
 EXACT = ("kind", "count", "nulls", "nan", "inf", "min", "max", "classes")
 
@@ -74,15 +72,7 @@ def test_stats_of_a_resumed_run_equal_a_clean_runs(data):
     assert clean["state"]["covers"] == [f"part-{i:05d}.parquet" for i in range(6)]
 
     # stopped after two commits (SIGTERM's path): stats.json keeps the committed parts' statistics
-    stop = threading.Event()
-    log = tmp_path / "stopped" / "_bulkinfer" / "commits.log"
-
-    def stopper() -> None:
-        while not (log.exists() and log.read_text().count("\n") >= 2):
-            time.sleep(0.005)
-        stop.set()
-
-    threading.Thread(target=stopper, daemon=True).start()
+    stop = stop_after_commits(tmp_path / "stopped", 2)
     cfg = load_config(overrides={**job(tmp_path, "stopped"), "runtime.batch_size": 16})
     with pytest.raises(Interrupted):
         run_job(cfg, stop=stop)

@@ -3,7 +3,6 @@ pinned by the job's fingerprint, and the cases bulkinfer refuses rather than rea
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime
 
@@ -13,7 +12,7 @@ import pytest
 from bulkinfer import load_config, run_job
 from bulkinfer.errors import Interrupted, JobMismatchError, SourceError
 
-from helpers import read_output, tabular_table, train_classifier
+from helpers import read_output, stop_after_commits, tabular_table, train_classifier
 
 
 def cfg_for(tmp_path, out, **extra):
@@ -44,15 +43,7 @@ def test_delta_versions_time_travel_and_a_pinned_snapshot(tmp_path):
     assert ids(latest.output) == list(range(500)) and latest.report["rows_out"] == 500
 
     # stopped, then the table moves on: a resume at "latest" would mix snapshots, so it is refused
-    stop = threading.Event()
-    log = tmp_path / "moving" / "_bulkinfer" / "commits.log"
-
-    def stopper() -> None:
-        while not (log.exists() and log.read_text().count("\n") >= 1):
-            time.sleep(0.005)
-        stop.set()
-
-    threading.Thread(target=stopper, daemon=True).start()
+    stop = stop_after_commits(tmp_path / "moving", 1)
     moving = cfg_for(tmp_path, "moving", **delta, **{"runtime.batch_size": 8})
     with pytest.raises(Interrupted):
         run_job(moving, stop=stop)

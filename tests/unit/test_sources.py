@@ -182,3 +182,26 @@ def test_lone_carriage_returns_end_lines_only_inside_quotes(tmp_path):
     (tmp_path / "ok.csv").write_bytes(b'id,t\r\n0,"a\rb"\r\n1,c\r\n')
     (shard,) = plan_shards(list_inputs([str(tmp_path / "ok.csv")]), 10)
     assert pa.Table.from_batches(list(read_shard(shard, ["t"])))["t"].to_pylist() == ["a\rb", "c"]
+
+
+def test_planning_work_runs_on_threads_for_object_stores_in_order_with_the_first_error():
+    import threading
+
+    from bulkinfer.sources.files import concurrently
+
+    seen: set[str] = set()
+
+    def work(i: int) -> int:
+        seen.add(threading.current_thread().name)
+        if i == 7:
+            raise SourceError(f"file {i}: unreadable", str(i))
+        return i * i
+
+    uris = [f"s3://bucket/f{i}.parquet" for i in range(20)]
+    assert concurrently(work, list(range(7)), uris[:7]) == [i * i for i in range(7)]
+    assert any(name != threading.current_thread().name for name in seen)  # threads were used
+    with pytest.raises(SourceError, match="file 7"):
+        concurrently(work, list(range(20)), uris)
+    seen.clear()
+    assert concurrently(work, [1, 2, 3, 4, 5], ["/local/a.parquet"] * 5) == [1, 4, 9, 16, 25]
+    assert seen == {threading.current_thread().name}  # local files: this thread only

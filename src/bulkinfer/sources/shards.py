@@ -39,9 +39,10 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
         except (SourceError, OSError) as exc:
             return exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})", f.uri)
 
-    planned = concurrently(spans_of, [f for f in files if f.size != 0])  # footers read concurrently
+    present = [f for f in files if f.size != 0]
+    planned = concurrently(spans_of, present, [f.uri for f in present])  # an object store's footers: concurrently
     shards: list[Shard] = []
-    for f, spans in zip([f for f in files if f.size != 0], planned, strict=True):
+    for f, spans in zip(present, planned, strict=True):
         if isinstance(spans, SourceError):
             if problems is None:
                 raise spans
