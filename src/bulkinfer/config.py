@@ -267,6 +267,15 @@ class ServeConfig(_Section):
     """A request body larger than this gets 413."""
     api_keys_file: str | None = None
     """File with one API key per line; when set, requests need `Authorization: Bearer <key>`."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) to serve HTTPS with (with serve.tls_key)."""
+    tls_key: str | None = None
+    """PEM private key of serve.tls_cert."""
+    audit_log: str | None = None
+    """Append one JSON line per request (time, key id — never the key —, route, rows, status, latency,
+    client) to this file, rotated by size; "-" for stderr. Off by default."""
+    audit_max_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    """Rotate the audit log past this size (five old files are kept)."""
     reload_s: float = Field(default=10.0, ge=0)
     """How often to look for a newer index (a kNN model) or a newer finished run (serve.results), and swap
     it in without dropping requests (0: never)."""

@@ -7,6 +7,7 @@ offline output (tested). Imports starlette and uvicorn only when used.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,17 @@ def serve(cfg: JobConfig) -> None:
 
     if not cfg.model.name:
         raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+    sv = cfg.serve
+    if bool(sv.tls_cert) != bool(sv.tls_key):
+        raise ConfigError("serve.tls_cert and serve.tls_key go together: give both (PEM files) or neither")
+    for name, path in (("tls_cert", sv.tls_cert), ("tls_key", sv.tls_key)):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"serve.{name}: {path} is not a file")
+    if not sv.api_keys_file and sv.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "serving on %s without serve.api_keys_file: anyone who can reach this address can call the model",
+            sv.host,
+        )
     app = build_app(cfg)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.serve.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -38,11 +50,20 @@ def serve(cfg: JobConfig) -> None:
             f"serve.port: cannot listen on {cfg.serve.host}:{cfg.serve.port} ({exc.strerror or exc})"
         ) from exc
     host, port = sock.getsockname()[:2]
+    scheme = "https" if sv.tls_cert else "http"
     log.info(
-        "serving %s at http://%s:%d (POST /v1/predict, /v1/embeddings; GET /readyz, /metrics)",
+        "serving %s at %s://%s:%d (POST /v1/predict, /v1/embeddings; GET /readyz, /metrics)",
         cfg.model.name,
+        scheme,
         host,
         port,
     )
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        ssl_certfile=sv.tls_cert,
+        ssl_keyfile=sv.tls_key,
+    )
     uvicorn.Server(config).run(sockets=[sock])

@@ -28,6 +28,7 @@ from ..adapters import Adapter, build_adapter, job_setup_context, resolve_batch_
 from ..config import JobConfig
 from ..errors import BulkinferError
 from . import openai
+from .audit import AuditLog
 from .auth import authorize, load_keys
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .metrics import ServeMetrics
@@ -49,6 +50,7 @@ class Server:
         self.cfg = cfg
         self.sv = cfg.serve
         self.keys = load_keys(self.sv.api_keys_file)
+        self.audit = AuditLog(self.sv.audit_log, self.sv.audit_max_bytes)
         self.model = resolve_model(cfg)
         self.adapter: Adapter = build_adapter(cfg, self.model)
         cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
@@ -160,6 +162,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         body = await read_body(request, server.sv.max_body_bytes)
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
+        request.state.rows = table.num_rows
         answer = await server.infer(table)
         answered = server.answer_rows(table, answer.columns)
         return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
@@ -234,7 +237,9 @@ def build_app(cfg: JobConfig) -> Starlette:
                 response = error_response(exc.status, exc.message, exc.kind, exc.headers)
             except Exception as exc:
                 response = await on_error(request, exc)
-            server.metrics.observe_request(endpoint, response.status_code, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            server.metrics.observe_request(endpoint, response.status_code, elapsed)
+            server.audit.record(request, endpoint, response.status_code, elapsed)
             return response
 
         return wrapped

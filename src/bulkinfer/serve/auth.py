@@ -27,13 +27,25 @@ def load_keys(path: str | None) -> list[bytes]:
     return keys
 
 
+def key_id(key: bytes) -> str:
+    """What logs may say of a key: the first 12 hex digits of its SHA-256, never the key."""
+    import hashlib
+
+    return "key-" + hashlib.sha256(key).hexdigest()[:12]
+
+
 def authorize(request: Request, keys: list[bytes]) -> None:
-    """Raise a 401 unless the request carries one of ``keys`` (no keys: everyone may call)."""
+    """Raise a 401 unless the request carries one of ``keys`` (no keys: everyone may call); the
+    key's id is left in ``request.state.key_id`` for the audit log."""
     if not keys:
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.strip().encode(), k) for k in keys):
+    given = token.strip().encode()
+    match = next((k for k in keys if hmac.compare_digest(given, k)), None) if scheme.lower() == "bearer" else None
+    if match is not None:
+        request.state.key_id = key_id(match)
+    else:
         raise ApiError(
             401, "missing or invalid API key (Authorization: Bearer <key>)", "unauthorized",
             {"WWW-Authenticate": "Bearer"},
