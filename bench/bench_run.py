@@ -90,6 +90,9 @@ def limit(corpus: Path) -> float:
 
 
 def main() -> None:
+    from machine import describe  # bench/ is on the path of a script run from it
+
+    print(describe())  # the CPU and its fast-path flags, beside every figure
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 5000
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
     variants = {k: v for k, v in VARIANTS.items() if "--quick" not in sys.argv or k == LOCAL}

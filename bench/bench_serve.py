@@ -155,6 +155,9 @@ def measure(name: str, setup: tuple, total: int) -> tuple[dict[int, dict[str, fl
 
 
 def main() -> None:
+    from machine import describe  # bench/ is on the path of a script run from it
+
+    print(describe())  # the CPU and its fast-path flags, beside every figure
     total = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 640
     rounds = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     exe = str(Path(sys.executable).parent / "bulkinfer")

@@ -72,6 +72,9 @@ def run_child(args: list[str]) -> tuple[str, float]:
 
 
 def main() -> None:
+    from machine import describe  # bench/ is on the path of a script run from it
+
+    print(describe())  # the CPU and its fast-path flags, beside every figure
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1_000_000
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
     WORK.mkdir(parents=True, exist_ok=True)

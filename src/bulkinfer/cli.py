@@ -250,7 +250,9 @@ def tune(
         raise _fail(exc) from None
     except ValueError:
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
-    table = Table(title=f"bulkinfer tune: {sample_rows} rows of the job's input")
+    from .hardware import isa_key
+
+    table = Table(title=f"bulkinfer tune: {sample_rows} rows of the job's input on {isa_key()}")
     for col in ("engine", "precision", "batch", "threads", "rows/s", "mean cosine", "top-10 overlap", "gate", ""):
         table.add_column(col)
     for c in result.candidates:

@@ -26,6 +26,7 @@ from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size,
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
+from .hardware import emulation_warning
 from .ledger import Ledger, OutputLedger, failed_rows
 from .lineage import Lineage
 from .plan import JobPlan, job_identity, make_plan
@@ -71,6 +72,9 @@ def prepare(cfg: JobConfig) -> Prepared:
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
     instance_price(cfg)  # an unknown cost.instance is one line before any work
+    slow = emulation_warning(cfg.runtime.device, cfg.runtime.precision) if model.kind == "text-embedding" else None
+    if slow:
+        log.warning("%s", slow)
     if cfg.source.previous:
         cfg = _incremental(cfg, model)
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not cfg.passthrough_columns:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -143,16 +142,11 @@ DEFAULT_BATCH = 16
 
 
 def _machine() -> str:
-    """What makes a measurement hold on another machine: CPU model, CPUs usable, architecture."""
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:  # pragma: no cover - not Linux
-        cpu = platform.processor()
-    return f"{cpu} x{available_cpus()} {platform.machine()}"
+    """What makes a measurement hold on another machine: CPU model, CPUs usable, architecture and
+    the instruction sets the fast paths use (hardware.isa_key)."""
+    from .hardware import cpu, isa_key
+
+    return f"{cpu()['model']} x{available_cpus()} {isa_key()}"
 
 
 def results_path(cfg: JobConfig, model_digest: str) -> Path:

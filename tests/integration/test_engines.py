@@ -69,8 +69,11 @@ def int8_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("int8-cache")
 
 
-def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cache):
+def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cache, caplog):
+    from bulkinfer.hardware import has, isa_key
+
     int8 = _run(corpus, "int8", int8_cache, **{"runtime.precision": "int8"})
+    assert int8.report["machine"]["isa"] == isa_key() and int8.report["machine"]["cpus"] >= 1
     q = int8.report["quality"]
     assert q["precision"] == "int8" and q["rows"] == 128 and q["passed"] is True
     assert 0.99 <= q["mean_cosine"] < 0.9999 and q["top10_overlap"] > 0.8
@@ -79,6 +82,9 @@ def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cac
     bf16 = _run(corpus, "bf16", int8_cache, **small)
     assert bf16.report["engine"] == "torch" and bf16.report["quality"]["mean_cosine"] >= 0.9995
     assert bf16.report["quality"]["rows"] == 64 and bf16.report["rows_out"] == 64
+    # one line before the run says when bf16 is emulated here, and int8 lacks VNNI
+    assert ("bf16 is emulated" in caplog.text) == (not has("avx512_bf16", "amx_bf16", "arm_bf16"))
+    assert ("no VNNI" in caplog.text) == (not has("avx512_vnni", "avx_vnni", "amx_int8", "neon"))
 
 
 def test_a_floor_the_precision_cannot_meet_is_refused_with_the_figures(corpus, int8_cache):

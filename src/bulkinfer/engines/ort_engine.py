@@ -45,7 +45,12 @@ def _versions() -> dict[str, str]:
 
 def cache_entry(cache_dir: Path, model_digest: str, precision: str) -> Path:
     """Where the compiled model for (model, precision, opset, library versions) lives."""
-    body = json.dumps({"model": model_digest, "precision": precision, "opset": OPSET, **_versions()}, sort_keys=True)
+    from ..hardware import isa_key
+
+    body = json.dumps(
+        {"model": model_digest, "precision": precision, "opset": OPSET, "isa": isa_key(), **_versions()},
+        sort_keys=True,
+    )
     return cache_dir / "onnx" / hashlib.sha256(body.encode()).hexdigest()[:20]
 
 
