@@ -113,3 +113,54 @@ def test_listening_beyond_loopback_without_keys_warns(tmp_path):
     half = start(["-m", str(model), "--set", "serve.tls_cert='cert.pem'"], tmp_path)
     _, err = half.communicate(timeout=60)
     assert half.returncode == 1 and "serve.tls_cert and serve.tls_key go together" in err
+
+
+def test_per_key_limits_and_keys_reloaded_on_sighup(tmp_path):
+    import signal
+
+    model = train_classifier(tmp_path / "m.joblib")
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# search team: 2 requests/s; backfill: 5 rows/s\nreq-key-1 id=search rps=2\n"
+                    "row-key-2 id=backfill rows_per_s=5\n")  # fmt: skip
+    proc = start(["-m", str(model), "--set", "serve.api_keys_file='keys.txt'", "--set",
+                  "serve.audit_log='audit.jsonl'"], tmp_path)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        rows = [{k: v for k, v in r.items() if k in ("x1", "x2", "x3")} for r in tabular_table(4).to_pylist()]
+
+        def post(key, body_rows):
+            return httpx.post(f"{url}/v1/predict", json={"rows": body_rows}, headers={"Authorization": f"Bearer {key}"})
+
+        burst = [post("req-key-1", rows[:1]).status_code for _ in range(3)]
+        assert burst[:2] == [200, 200] and burst[2] == 429  # a second's worth passes, then 429
+        limited = post("req-key-1", rows[:1])
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert "key search is over its limit (rps=2)" in limited.json()["error"]["message"]
+        assert post("row-key-2", rows).status_code == 200  # 4 rows of 5
+        over = post("row-key-2", rows)
+        assert over.status_code == 429 and "rows_per_s=5" in over.json()["error"]["message"]
+        assert post("new-key-3", rows[:1]).status_code == 401
+        keys.write_text("new-key-3 id=newcomer\nrow-key-2 id=backfill rows_per_s=5\n")  # req-key-1 revoked
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while post("new-key-3", rows[:1]).status_code != 200:
+            assert time.monotonic() < deadline, "keys were not reloaded"
+            time.sleep(0.1)
+        assert post("req-key-1", rows[:1]).status_code == 401
+        assert proc.poll() is None  # reloaded, not restarted
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ids = {json.loads(x)["key_id"] for x in (tmp_path / "audit.jsonl").read_text().splitlines()}
+    assert {"search", "backfill", "newcomer"} <= ids

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -66,4 +66,23 @@ def serve(cfg: JobConfig) -> None:
         ssl_certfile=sv.tls_cert,
         ssl_keyfile=sv.tls_key,
     )
+    _reload_keys_on_sighup(app.state.server)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _reload_keys_on_sighup(server: Any) -> None:
+    """SIGHUP reads serve.api_keys_file again (new keys, revoked keys, new limits) without a restart."""
+    import signal
+
+    from ..errors import ConfigError
+
+    if server.keys.path is None or not hasattr(signal, "SIGHUP"):
+        return
+
+    def reload(_signum: int, _frame: object) -> None:
+        try:
+            log.info("SIGHUP: %d API key(s) in force from %s", server.keys.reload(), server.keys.path)
+        except ConfigError as exc:
+            log.warning("SIGHUP: %s; the keys in force are kept", exc)
+
+    signal.signal(signal.SIGHUP, reload)

@@ -29,7 +29,7 @@ from ..config import JobConfig
 from ..errors import BulkinferError
 from . import openai
 from .audit import AuditLog
-from .auth import authorize, load_keys
+from .auth import KeyRing
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .metrics import ServeMetrics
 from .results import ResultIndex
@@ -49,7 +49,7 @@ class Server:
     def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
         self.sv = cfg.serve
-        self.keys = load_keys(self.sv.api_keys_file)
+        self.keys = KeyRing(self.sv.api_keys_file)
         self.audit = AuditLog(self.sv.audit_log, self.sv.audit_max_bytes)
         self.model = resolve_model(cfg)
         self.adapter: Adapter = build_adapter(cfg, self.model)
@@ -163,6 +163,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
         request.state.rows = table.num_rows
+        server.keys.charge_rows(request, table.num_rows)
         answer = await server.infer(table)
         answered = server.answer_rows(table, answer.columns)
         return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
@@ -231,7 +232,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         async def wrapped(request: Request) -> Response:
             t0 = time.perf_counter()
             try:
-                authorize(request, server.keys)
+                server.keys.authorize(request)
                 response: Response = await handler(request)
             except ApiError as exc:
                 response = error_response(exc.status, exc.message, exc.kind, exc.headers)
