@@ -107,8 +107,10 @@ def test_ray_sklearn_equals_local(tmp_path, local_ray):
         "sink.keep_columns": ["segment"],
     }
     run_job(_cfg(tmp_path / "local", [tmp_path / "in.parquet"], **common))
-    run_job(_cfg(tmp_path / "ray", [tmp_path / "in.parquet"], **common, **{"execution.backend": "ray"}))
-    local, ray_out = read_output(tmp_path / "local").sort_by("id"), read_output(tmp_path / "ray").sort_by("id")
+    ray_run = {"execution.backend": "ray", "sink.input_hash": True}
+    run_job(_cfg(tmp_path / "ray", [tmp_path / "in.parquet"], **common, **ray_run))
+    local = read_output(tmp_path / "local").sort_by("id")
+    ray_out = read_output(tmp_path / "ray").sort_by("id").drop_columns(["_input_hash"])
     assert ray_out.num_rows == 900
     assert ray_out.equals(local)
     assert _success(tmp_path / "ray")["rows"] == 900
@@ -122,6 +124,16 @@ def test_ray_sklearn_equals_local(tmp_path, local_ray):
     for f in _success(tmp_path / "ray")["files"]:  # parts written by workers carry the driver's provenance
         p = json.loads(pq.read_metadata(tmp_path / "ray" / f["name"]).metadata[b"bulkinfer"])
         assert p["input_rows"] == [f["start"], f["stop"]] and p["model_kind"] == "tabular"
+    # incremental on Ray: 90 changed rows reach the workers, the others come from the previous output
+    x1 = t["x1"].to_numpy().copy()
+    x1[::10] += 1.0
+    write(t.set_column(1, "x1", [x1]), tmp_path / "changed.parquet", row_group_size=150)
+    inc = run_job(_cfg(tmp_path / "inc", [tmp_path / "changed.parquet"], **common, **ray_run,
+                       **{"source.previous": str(tmp_path / "ray")}))  # fmt: skip
+    full = run_job(_cfg(tmp_path / "full", [tmp_path / "changed.parquet"], **common, **{"sink.input_hash": True}))
+    assert inc.report["reuse"]["rows_from_previous"] == 810 and inc.report["reuse"]["rows_inferred"] == 90
+    assert read_output(tmp_path / "inc").sort_by("id").equals(read_output(tmp_path / "full").sort_by("id"))
+    assert full.report["rows_out"] == 900
 
 
 def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module):
