@@ -194,6 +194,9 @@ class ExecutionConfig(_Section):
     """Rebuild a corrupt ledger (commits.log) from the part and error files before running."""
     max_errors: int | None = Field(default=None, ge=0)
     """Stop (exit 1) once failed rows exceed this count; None: only max_error_rate applies."""
+    redact: bool = False
+    """Keep input values out of error records, logs and reports (row number, id, stage and error type
+    stay); serve withholds them from its answers too."""
     min_error_budget: int = Field(default=10, ge=0)
     """Failed rows allowed whatever the rate, up to half the planned rows, so one bad row never fails a small
     job (max_error_rate = 0 allows none)."""

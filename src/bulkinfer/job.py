@@ -31,6 +31,7 @@ from .ledger import Ledger, OutputLedger, failed_rows
 from .lineage import Lineage
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
+from .records import redact
 from .repair import rebuild_ledger
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
@@ -109,6 +110,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     was fixed); those that succeed leave ``_errors/``, those that fail again stay.
     """
     stop = stop or threading.Event()
+    redact(cfg.execution.redact)
     job = prepare(cfg)
     baseline = load_baseline(job.cfg.monitor.baseline)
     sink = make_sink(job.cfg)

@@ -15,7 +15,25 @@ if TYPE_CHECKING:
 
     from .sources import Shard
 
-__all__ = ["ErrorRecord", "ShardOutput", "decode_records", "encode_records"]
+__all__ = ["ErrorRecord", "ShardOutput", "decode_records", "encode_records", "redact", "redacting", "withheld"]
+
+_REDACT = False  # execution.redact / serve: set once per process, before any record is made
+
+
+def redact(on: bool) -> None:
+    """Withhold input values from every error message made from now on in this process."""
+    global _REDACT
+    _REDACT = on
+
+
+def redacting() -> bool:
+    return _REDACT
+
+
+def withheld(message: str, error_type: str) -> str:
+    """``message`` itself, or under ``execution.redact`` only what caused the error: errors of
+    readers, of type conversion and of models quote the values they choke on."""
+    return f"{error_type} (the message is withheld: execution.redact)" if _REDACT else message
 
 
 @dataclass(frozen=True)
@@ -40,7 +58,7 @@ class ErrorRecord:
             etype, message = type(exc).__name__, str(exc)
         else:
             etype, message = "Error", exc
-        return cls(uri, row, stage, etype, " ".join(message.split())[:2000], rows, row_id)
+        return cls(uri, row, stage, etype, withheld(" ".join(message.split())[:2000], etype), rows, row_id)
 
     def headline(self) -> str:
         """One line for logs and budget messages."""

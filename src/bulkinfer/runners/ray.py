@@ -76,6 +76,9 @@ class Worker:
             if p not in sys.path and os.path.isdir(p):
                 sys.path.insert(0, p)
         self.cfg = JobConfig.model_validate(cfg_json)
+        from ..records import redact
+
+        redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
         self.sink = make_sink(self.cfg)
         self.routes = compile_routes(self.cfg)
         self.runner: Any = None

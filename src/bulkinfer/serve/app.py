@@ -27,6 +27,7 @@ from starlette.routing import Route
 from ..adapters import Adapter, build_adapter, job_setup_context, resolve_batch_size, resolve_model
 from ..config import JobConfig
 from ..errors import BulkinferError
+from ..records import withheld
 from . import openai
 from .audit import AuditLog
 from .auth import KeyRing
@@ -130,9 +131,10 @@ class Server:
         try:
             return await asyncio.wrap_future(future)
         except BulkinferError as exc:
-            raise ApiError(422, f"the model refused this request: {exc}", "model_error") from None
+            refused = withheld(str(exc), type(exc).__name__)
+            raise ApiError(422, f"the model refused this request: {refused}", "model_error") from None
         except Exception as exc:
-            message = " ".join(str(exc).split())[:300]
+            message = withheld(" ".join(str(exc).split())[:300], type(exc).__name__)
             raise ApiError(
                 422, f"the model failed on this request: {type(exc).__name__}: {message}", "model_error"
             ) from None

@@ -12,6 +12,8 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..records import redacting
+
 __all__ = ["ApiError", "JSONResponse", "check_rows", "error_response", "live_inputs", "read_body"]
 
 NUMERIC_KINDS = ("tabular", "onnx")
@@ -103,7 +105,8 @@ def live_inputs(key: str, query: Mapping[str, str], input_columns: Sequence[str]
             try:
                 values[col] = float(query[col])
             except ValueError:
-                raise ApiError(422, f"{col}: expected a number, got {query[col]!r}", "invalid_request") from None
+                got = "a value that is not one" if redacting() else repr(query[col])
+                raise ApiError(422, f"{col}: expected a number, got {got}", "invalid_request") from None
     return values
 
 
