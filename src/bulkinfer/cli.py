@@ -105,6 +105,10 @@ def run(
     shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
     limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
     k: Annotated[int | None, typer.Option("--k", help="kNN models (--model items.index): neighbours per row.")] = None,
+    prompt_template: Annotated[
+        str | None, typer.Option(help='Generation models: each row\'s prompt, e.g. "Summarise: {text}".')
+    ] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Generation models: tokens per row at most.")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
     ] = None,
@@ -147,6 +151,8 @@ def run(
         "source.shard_rows": shard_rows,
         "execution.limit_rows": limit_rows,
         "model.options.k": k,
+        "model.prompt_template": prompt_template,
+        "model.max_new_tokens": max_new_tokens,
         "execution.overwrite": overwrite or None,
         "execution.repair": repair or None,
         "execution.progress": progress,

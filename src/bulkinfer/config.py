@@ -83,8 +83,8 @@ class ModelConfig(_Section):
     """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
     a joblib/pickle file of an estimator, an .onnx file, an index written by `bulkinfer index` (kNN: top-k
     neighbours per row), or 'module:attr' naming your own adapter."""
-    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn"] = "auto"
-    """Adapter family; 'auto' infers it from the model name."""
+    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate"] = "auto"
+    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate)."""
     text_column: str | None = None
     """Column holding the text to embed (text models)."""
     feature_columns: list[str] = Field(default_factory=list)
@@ -94,6 +94,13 @@ class ModelConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of the adapter: a custom adapter's constructor arguments; for .onnx models
     {inputs = {onnx_input = "column"}, outputs = {onnx_output = "column"}}."""
+    prompt_template: str | None = None
+    """Generation models: the prompt of each row, with {column} placeholders ("Summarise: {text}");
+    default: the text column as it is."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Generation models: tokens generated per row at most (finish_reason = length when reached)."""
+    stop: list[str] = Field(default_factory=list)
+    """Generation models: a completion ends before the first of these strings (finish_reason = stop)."""
 
 
 class RuntimeConfig(_Section):

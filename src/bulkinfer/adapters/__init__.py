@@ -109,8 +109,12 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
         if kind == "knn":
             raise ModelError(f"model {name!r}: not an index written by bulkinfer index (no {path}.json beside it)")
         if kind == "auto":
+            from .generate import is_causal_lm_dir
+
             if is_sentence_transformers_dir(path):
                 kind = "text-embedding"
+            elif is_causal_lm_dir(path):
+                kind = "generate"
             elif path.suffix.lower() in TABULAR_SUFFIXES:
                 kind = "tabular"
             elif path.suffix.lower() == ".onnx":
@@ -147,6 +151,12 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         from .knn import KnnAdapter
 
         return KnnAdapter(model.location, cfg)
+    if model.kind == "generate":
+        from .generate import GenerateAdapter
+
+        if cfg.runtime.precision != "fp32":
+            raise ConfigError("runtime.precision: generation models run in fp32 here (bf16/int8 are for embeddings)")
+        return GenerateAdapter(model.location, m.text_column, m.prompt_template, m.max_new_tokens, m.stop)
     if cfg.runtime.precision != "fp32":
         raise ConfigError(
             f"runtime.precision: {cfg.runtime.precision} applies to text models; "

@@ -1,0 +1,114 @@
+"""Text generation over a table with tiny random-weight causal LMs built here (Llama- and
+GPT-2-style, tokenizer trained locally): batched, left-padded greedy decoding equals
+one-prompt-at-a-time ``model.generate``, token for token; prompts over the context are
+error rows; stop strings and finish reasons."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from bulkinfer import load_config, run_job
+
+from helpers import read_output, write
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "red", "running", "shoes", "summarise", "this", "product", "review", "great", "value"]
+
+
+def tiny_lm(path, style: str):
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator([" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")  # fmt: skip
+    torch.manual_seed(0 if style == "llama" else 1)
+    if style == "llama":
+        cfg = LlamaConfig(vocab_size=fast.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                          bos_token_id=1, eos_token_id=2, pad_token_id=3)  # fmt: skip
+        model = LlamaForCausalLM(cfg)
+    else:
+        cfg = GPT2Config(vocab_size=fast.vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3)  # fmt: skip
+        model = GPT2LMHeadModel(cfg)
+    model.eval().save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def one_at_a_time(path, prompts, max_new_tokens):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    out = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        new = gen[0, ids.shape[1]:].tolist()  # fmt: skip
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id)]
+        out.append(tok.decode(new, skip_special_tokens=True))
+    return out
+
+
+def prompts_table(n: int) -> pa.Table:
+    texts = [" ".join(WORDS[(i * 3) % 10 : (i * 3) % 10 + 1 + i % 9]) for i in range(n)]
+    return pa.table({"id": list(range(n)), "product": [f"item {i}" for i in range(n)], "text": texts})
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+def test_batched_greedy_equals_one_prompt_at_a_time(tmp_path, style):
+    model = tiny_lm(tmp_path / style, style)
+    t = prompts_table(30)
+    write(t, tmp_path / "in.parquet")
+    cfg = load_config(overrides={
+        "source.paths": [str(tmp_path / "in.parquet")], "model.name": str(model), "source.id_column": "id",
+        "model.prompt_template": "Review of {product}: {text}", "model.max_new_tokens": 12,
+        "sink.path": str(tmp_path / "out"), "runtime.batch_size": 8, "execution.progress": "none",
+    })  # fmt: skip
+    result = run_job(cfg)
+    assert result.report["model_kind"] == "generate" and result.report["rows_out"] == 30
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out.column_names == ["id", "completion", "finish_reason", "prompt_tokens", "completion_tokens"]
+    prompts = [f"Review of {p}: {x}" for p, x in zip(t["product"].to_pylist(), t["text"].to_pylist(), strict=True)]
+    assert out["completion"].to_pylist() == one_at_a_time(model, prompts, 12)
+    assert set(out["finish_reason"].to_pylist()) <= {"stop", "length"}
+    lengths = out["prompt_tokens"].to_pylist()
+    assert len(set(lengths)) > 3  # prompts of many lengths were batched (left padding mattered)
+    assert all(0 <= n <= 12 for n in out["completion_tokens"].to_pylist())
+
+
+def test_prompts_over_the_context_are_error_rows_and_stop_strings_end_completions(tmp_path):
+    model = tiny_lm(tmp_path / "llama", "llama")
+    long = " ".join(WORDS * 6)  # far over the 64-token context
+    t = pa.table({"id": [0, 1, 2, 3], "text": ["red running shoes", long, "", "the quick brown fox"]})
+    write(t, tmp_path / "in.parquet")
+    base = {"source.paths": [str(tmp_path / "in.parquet")], "model.name": str(model), "source.id_column": "id",
+            "model.text_column": "text", "model.max_new_tokens": 10, "execution.progress": "none"}  # fmt: skip
+    result = run_job(load_config(overrides={**base, "sink.path": str(tmp_path / "out")}))
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out["id"].to_pylist() == [0, 2, 3] and result.report["rows_failed"] == 1
+    errors = (tmp_path / "out" / "_errors").read_text() if (tmp_path / "out" / "_errors").is_file() else "".join(
+        p.read_text() for p in (tmp_path / "out" / "_errors").glob("*.jsonl"))  # fmt: skip
+    assert '"id": 1' in errors and "over the model's context of 64" in errors and '"stage": "preprocess"' in errors
+    empty = out.filter(pa.compute.equal(out["id"], 2))
+    assert empty["prompt_tokens"].to_pylist() == [1]  # an empty prompt starts from BOS and is answered
+
+    first = out["completion"].to_pylist()[0]
+    cut = first[len(first) // 2 :][:3]
+    assert cut  # a piece of the first completion, used as a stop string
+    stopped = run_job(load_config(overrides={**base, "sink.path": str(tmp_path / "stopped"), "model.stop": [cut]}))
+    s = read_output(tmp_path / "stopped").sort_by("id")
+    assert s["completion"].to_pylist()[0] == first[: first.index(cut)]
+    assert s["finish_reason"].to_pylist()[0] == "stop" and stopped.report["rows_out"] == 3
