@@ -101,6 +101,12 @@ class ModelConfig(_Section):
     """Generation models: tokens generated per row at most (finish_reason = length when reached)."""
     stop: list[str] = Field(default_factory=list)
     """Generation models: a completion ends before the first of these strings (finish_reason = stop)."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Generation models: 0 is greedy; above 0, sampling (each row with its own seed: see seed)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Generation models, sampling: draw from the smallest set of tokens whose probability reaches top_p."""
+    seed: int = 0
+    """Generation models, sampling: with the prompt, seeds each row's draws (a resumed row regenerates the same)."""
 
 
 class RuntimeConfig(_Section):

@@ -109,7 +109,8 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
     if dumped["route"]:  # where rows were routed (absent: the identity of jobs without routes)
         identity["route"] = dumped["route"]
     if dumped["model"]["prompt_template"] is not None or dumped["model"]["kind"] == "generate":
-        identity.update({f"model.{k}": dumped["model"][k] for k in ("prompt_template", "max_new_tokens", "stop")})
+        generation = ("prompt_template", "max_new_tokens", "stop", "temperature", "top_p", "seed")
+        identity.update({f"model.{k}": dumped["model"][k] for k in generation})
     # what an incremental run reuses, and the output's shape (absent at their defaults)
     for key in ("version", "snapshot_id", "as_of"):  # the snapshot of a Delta or Iceberg source
         if dumped["source"][key] is not None:

@@ -156,7 +156,9 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
         if cfg.runtime.precision != "fp32":
             raise ConfigError("runtime.precision: generation models run in fp32 here (bf16/int8 are for embeddings)")
-        return GenerateAdapter(model.location, m.text_column, m.prompt_template, m.max_new_tokens, m.stop)
+        return GenerateAdapter(
+            model.location, m.text_column, m.prompt_template, m.max_new_tokens, m.stop, m.temperature, m.top_p, m.seed
+        )
     if cfg.runtime.precision != "fp32":
         raise ConfigError(
             f"runtime.precision: {cfg.runtime.precision} applies to text models; "

@@ -58,6 +58,7 @@ def template_columns(template: str) -> list[str]:
 @dataclass
 class _Prompts:
     ids: list[list[int]]
+    seeds: list[int]
 
 
 class GenerateAdapter(Adapter):
@@ -70,16 +71,20 @@ class GenerateAdapter(Adapter):
         prompt_template: str | None,
         max_tokens: int = 64,
         stop: Sequence[str] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
     ) -> None:
         if not prompt_template and not text_column:
             raise ConfigError(
-                "a generation model needs its prompts: model.prompt_template (\"Summarise: {text}\") or --text-column"
+                'a generation model needs its prompts: model.prompt_template ("Summarise: {text}") or --text-column'
             )
         self.model_path = model_path
         self.template = prompt_template or "{" + str(text_column) + "}"
         self.input_columns = tuple(template_columns(self.template))
         self.max_tokens = max_tokens
         self.stop = [s for s in stop if s]
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.engine_name = "transformers"
         self.model: Any = None
         self.tokenizer: Any = None
@@ -116,7 +121,15 @@ class GenerateAdapter(Adapter):
                     f"the prompt is {n} tokens; with max_tokens={self.max_tokens} it needs {n + self.max_tokens}, "
                     f"over the model's context of {self.context}"
                 )
-        return _Prompts(ids)
+        return _Prompts(ids, [self._row_seed(p) for p in prompts])
+
+    def _row_seed(self, prompt: str) -> int:
+        """Each row's sampling seed: from the job's seed and the prompt, so a row regenerates the same
+        completion whatever batch it lands in, and after a resume."""
+        import hashlib
+
+        digest = hashlib.blake2b(f"{self.seed}\0{prompt}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
     def _encode(self, prompt: str) -> list[int]:
         ids: list[int] = self.tokenizer(prompt)["input_ids"]
@@ -128,7 +141,7 @@ class GenerateAdapter(Adapter):
         return [len(x) + self.max_tokens for x in features.ids]
 
     def select(self, features: _Prompts, indices: np.ndarray) -> _Prompts:
-        return _Prompts([features.ids[i] for i in indices])
+        return _Prompts([features.ids[i] for i in indices], [features.seeds[i] for i in indices])
 
     # -- model thread --------------------------------------------------------------------------
     def predict(self, batch: _Prompts) -> Mapping[str, Any]:
@@ -139,16 +152,19 @@ class GenerateAdapter(Adapter):
         pad = tok.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch.ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch.ids])
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                max_new_tokens=self.max_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-                eos_token_id=tok.eos_token_id,
-            )
-        new = out[:, width:].tolist()
+        if self.temperature > 0:
+            new = self._sample(input_ids, mask, batch.seeds)
+        else:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    max_new_tokens=self.max_tokens,
+                    do_sample=False,
+                    pad_token_id=pad,
+                    eos_token_id=tok.eos_token_id,
+                )
+            new = out[:, width:].tolist()
         completions, reasons, counts = [], [], []
         for tokens in new:
             ended = tok.eos_token_id in tokens
@@ -167,6 +183,46 @@ class GenerateAdapter(Adapter):
             "prompt_tokens": [len(x) for x in batch.ids],
             "completion_tokens": counts,
         }
+
+    def _sample(self, input_ids: Any, mask: Any, seeds: list[int]) -> list[list[int]]:
+        """Temperature / top-p sampling with the KV cache, each row drawing from its own generator."""
+        import inspect
+
+        import torch
+
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        # transformers 5 names the KV cache `cache`; 4.x `past_key_values`
+        cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        eos = self.tokenizer.eos_token_id
+        ids, att = input_ids.to(self.device), mask.to(self.device)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        past, step_ids, step_pos = None, ids, pos
+        out: list[list[int]] = [[] for _ in seeds]
+        done = [False] * len(seeds)
+        with torch.inference_mode():
+            for _ in range(self.max_tokens):
+                res = self.model(
+                    input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **{cache_arg: past}
+                )
+                past = getattr(res, cache_arg)
+                probs = torch.softmax(res.logits[:, -1, :].float() / self.temperature, dim=-1).cpu()
+                nxt = []
+                for i, p in enumerate(probs):
+                    if self.top_p < 1.0:
+                        sorted_p, order = torch.sort(p, descending=True)
+                        keep = sorted_p.cumsum(0) - sorted_p < self.top_p  # the smallest set reaching top_p
+                        p = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
+                    token = int(torch.multinomial(p / p.sum(), 1, generator=gens[i]))
+                    if not done[i]:
+                        out[i].append(token)
+                        done[i] = token == eos
+                    nxt.append(token)
+                if all(done):
+                    break
+                step_ids = torch.tensor(nxt, device=ids.device).unsqueeze(1)
+                att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
+                step_pos = step_pos[:, -1:] + 1
+        return out
 
     def close(self) -> None:
         self.model = None
