@@ -43,6 +43,7 @@ __all__ = [
     "HASH_COLUMN",
     "DedupeCache",
     "PreviousOutput",
+    "Slot",
     "check_previous",
     "check_reusable",
     "deleted_rows",
@@ -297,34 +298,51 @@ def _hint(where: str) -> str:
     )
 
 
+class Slot:
+    """The result of one distinct input, filled when the row that computes it is assembled."""
+
+    __slots__ = ("failed", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] | None = None
+        self.failed: str | None = None
+
+
 class DedupeCache:
-    """Recent results by input hash, bounded in rows (least recently used go first)."""
+    """Slots of recent distinct inputs by input hash, bounded in rows (least recently used go
+    first). The reader claims a slot for each input it sends to the model and hands later rows
+    of the same input that slot; windows are assembled in the order they were read, so the slot
+    is filled (or marked failed) before any later row needs it: which rows are inferred depends
+    only on the input's order, never on timing. A window keeps the slots it refers to, so
+    eviction never loses a result a pending row needs."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._rows: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._slots: OrderedDict[int, Slot] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get_many(self, hashes: np.ndarray) -> dict[int, dict[str, Any]]:
+    def lookup(self, hashes: np.ndarray) -> list[Slot | None]:
         with self._lock:
-            out = {}
+            out: list[Slot | None] = []
             for h in hashes.tolist():
-                row = self._rows.get(h)
-                if row is not None:
-                    self._rows.move_to_end(h)
-                    out[h] = row
+                slot = self._slots.get(h)
+                if slot is not None:
+                    self._slots.move_to_end(h)
+                out.append(slot)
             return out
 
-    def put_many(self, hashes: np.ndarray, columns: Mapping[str, pa.Array]) -> None:
-        if self.max_rows <= 0 or not len(hashes):
-            return
-        values = {name: arr.to_pylist() for name, arr in columns.items()}
+    def claim(self, hashes: np.ndarray) -> list[Slot]:
+        """New slots for inputs about to be inferred."""
+        slots = [Slot() for _ in range(len(hashes))]
+        if self.max_rows <= 0:
+            return slots
         with self._lock:
-            for i, h in enumerate(hashes.tolist()):
-                self._rows[h] = {name: v[i] for name, v in values.items()}
-                self._rows.move_to_end(h)
-            while len(self._rows) > self.max_rows:
-                self._rows.popitem(last=False)
+            for h, slot in zip(hashes.tolist(), slots, strict=True):
+                self._slots[h] = slot
+                self._slots.move_to_end(h)
+            while len(self._slots) > self.max_rows:
+                self._slots.popitem(last=False)
+        return slots
 
 
 def check_reusable(previous_job: Mapping[str, Any], identity: Mapping[str, Any], digest: str) -> str | None:

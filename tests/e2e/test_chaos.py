@@ -95,9 +95,19 @@ def _assert_final(workdir: Path, out: str) -> None:
 def _chaos(workdir: Path, seed: int) -> None:
     rng = random.Random(seed)
     out = f"chaos{seed}"
-    for _attempt in range(40):
+    lock = workdir / out / "_bulkinfer" / "lock"
+    for attempt in range(40):
         proc = _popen(workdir, out)
-        time.sleep(rng.uniform(0.2, 2.0))
+        if attempt == 30:  # enough kills: this run must finish (and resume what the others committed)
+            assert proc.wait(timeout=300) == 0, proc.communicate()
+            break
+        # kill at a random moment of the run, not of the interpreter's start-up (slow on a loaded machine):
+        # from the moment this process holds the output's lock (or, one time in ten, during start-up)
+        deadline = time.monotonic() + 60
+        started = rng.random() > 0.1
+        while started and proc.poll() is None and time.monotonic() < deadline and not _holds(lock, proc.pid):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.05, 1.5))
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.communicate()
             break
@@ -111,6 +121,13 @@ def _chaos(workdir: Path, seed: int) -> None:
     else:
         pytest.fail("never finished")
     _assert_final(workdir, out)
+
+
+def _holds(lock: Path, pid: int) -> bool:
+    try:
+        return json.loads(lock.read_text() or "{}").get("pid") == pid
+    except (OSError, ValueError):
+        return False
 
 
 def read_output_file(p: Path) -> None:

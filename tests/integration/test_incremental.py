@@ -40,6 +40,12 @@ MODELS = textwrap.dedent("""
             emb = np.column_stack([x1, x2, seg, x1 * x2]) * self.scale
             return {"embedding": emb.astype(np.float32), "score": self.scale * (x1 + 2 * x2) + seg,
                     "label": np.where(x1 > 0, "up", "down")}
+
+    class Picky(Scored):
+        def predict(self, batch):
+            if (batch["x1"].to_numpy() > 1.5).any():
+                raise ValueError("x1 over 1.5")
+            return super().predict(batch)
 """)
 
 
@@ -166,3 +172,20 @@ def test_dedupe_computes_each_distinct_input_once_with_identical_output(tmp_path
     assert off.report["reuse"]["rows_deduplicated"] == 0
     auto = run_job(config(tmp_path, "in.parquet", "auto", **{"runtime.dedupe": "auto"}))
     assert auto.report["reuse"]["dedupe"] is True and auto.report["reuse"]["rows_deduplicated"] > 0
+
+
+def test_dedupe_copies_a_failure_to_the_rows_that_repeat_its_input(tmp_path, models):
+    base = tabular_table(400, seed=4)
+    dup = base.take(pa.array(np.arange(0, 400, 2))).set_column(0, "id", [np.arange(1000, 1200)])
+    table = pa.concat_tables([base, dup])  # every other row again, in later shards
+    write(table, tmp_path / "in.parquet")
+    picky = {"model.name": "incmodels:Picky", "execution.max_error_rate": 0.5}
+    off = run_job(config(tmp_path, "in.parquet", "off", **picky))
+    on = run_job(config(tmp_path, "in.parquet", "on", **picky, **{"runtime.dedupe": True}))
+    assert read_output(tmp_path / "on").sort_by("id").equals(read_output(tmp_path / "off").sort_by("id"))
+    x1 = table["x1"].to_numpy()
+    bad = set(np.asarray(table["id"])[x1 > 1.5].tolist())
+    assert on.report["rows_failed"] == off.report["rows_failed"] == len(bad) > 0
+    records = "".join(p.read_text() for p in (tmp_path / "on" / "_errors").glob("*.jsonl"))
+    assert records.count("same input as an earlier row") == len([i for i in bad if i >= 1000])
+    assert on.report["reuse"]["rows_deduplicated"] == 200

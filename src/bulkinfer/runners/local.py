@@ -39,7 +39,7 @@ from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
 from ..records import ErrorRecord, ShardOutput
 from ..report import RunStats
-from ..reuse import HASH_COLUMN, DedupeCache, PreviousOutput, row_hashes
+from ..reuse import HASH_COLUMN, DedupeCache, PreviousOutput, Slot, row_hashes
 from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit
@@ -73,7 +73,9 @@ class _WindowEnd:
     next_row: int  # the first row after this window (rows before it are done once it is assembled)
     reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
     dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
-    hashes: np.ndarray | None = None  # each position's input hash (dedupe keeps the results by it)
+    hashes: np.ndarray | None = None  # each position's input hash
+    owned: tuple[np.ndarray, list[Slot]] | None = None  # positions inferred here, and the slots they fill
+    deferred: tuple[np.ndarray, list[Slot]] | None = None  # positions taking an earlier window's result
 
 
 @dataclass
@@ -84,6 +86,8 @@ class _Reuse:
     reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
     dupes: tuple[np.ndarray, np.ndarray] | None = None
     hashes: np.ndarray | None = None
+    owned: tuple[np.ndarray, list[Slot]] | None = None
+    deferred: tuple[np.ndarray, list[Slot]] | None = None
 
 
 @dataclass
@@ -273,23 +277,23 @@ class LocalRunner:
         return out
 
     def _dedupe(self, todo: np.ndarray, hashes: np.ndarray, out: _Reuse) -> np.ndarray:
-        """Rows of ``todo`` whose input hash is cached take the cached result; of the rest, the
-        first row of each hash is inferred and the others copy it."""
-        hits = self.cache.get_many(hashes[todo]) if self._out_types else {}
-        if hits:
-            hit = np.fromiter((int(h) in hits for h in hashes[todo]), bool, len(todo))
-            pos = todo[hit]
-            values = [hits[int(h)] for h in hashes[pos]]
-            cols = {n: pa.array([v[n] for v in values], t) for n, t in self._out_types.items()}
-            out.reused.append((pos, cols))
-            todo = todo[~hit]
+        """Rows of ``todo`` whose input an earlier window sent to the model take that result (its
+        slot, filled by the time this window is assembled); of the rest, the first row of each
+        input is inferred (claiming a slot) and the others copy it."""
+        slots = self.cache.lookup(hashes[todo])
+        known = np.fromiter((s is not None for s in slots), bool, len(todo))
+        if known.any():
+            out.deferred = (todo[known], [s for s in slots if s is not None])
+        todo = todo[~known]
         _, first, inverse = np.unique(hashes[todo], return_index=True, return_inverse=True)
         is_first = np.zeros(len(todo), bool)
         is_first[first] = True
         if not is_first.all():
             out.dupes = (todo[~is_first], todo[first[inverse[~is_first]]])
-        self.stats.add_reuse(deduplicated=len(todo) - int(is_first.sum()) + (int(hit.sum()) if hits else 0))
-        return todo[is_first]
+        self.stats.add_reuse(deduplicated=int(known.sum()) + len(todo) - int(is_first.sum()))
+        computed = todo[is_first]
+        out.owned = (computed, self.cache.claim(hashes[computed]))
+        return computed
 
     def _produce_shard(self, shard: Shard, q: queue.Queue[Any]) -> bool:
         """Queue the shard's batches and window ends; False when told to stop."""
@@ -331,6 +335,7 @@ class LocalRunner:
                     passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
                 end = _WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row)
                 end.reused, end.dupes, end.hashes = reuse.reused, reuse.dupes, reuse.hashes
+                end.owned, end.deferred = reuse.owned, reuse.deferred
                 q.put(end)
                 if limit is not None:
                     q.put(_ShardEnd(shard, stop=limit))
@@ -424,7 +429,7 @@ class LocalRunner:
                 )
             )
         pieces = computed + end.reused
-        if end.dupes is not None or (self.dedupe and end.hashes is not None):
+        if end.dupes is not None or end.owned is not None or end.deferred is not None:
             pieces += self._fan_out(computed, end, dict(batch_errors), state)
         rows, take = restore_order([p[0] for p in pieces])
         names = list(pieces[0][1]) if pieces else []
@@ -456,41 +461,62 @@ class LocalRunner:
         failed: dict[int, BaseException],
         state: _ShardState,
     ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
-        """Copy each inferred result to the rows of this window with the same input (a row whose
-        source failed fails the same way), and keep the results for later windows."""
-        if not computed:
-            cols: dict[str, pa.Array] = {}
-            at = np.empty(0, np.int64)
-        else:
-            at = np.concatenate([p[0] for p in computed])
-            cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]}
+        """Fill the slots of the inputs inferred here (for later windows), copy results to the rows
+        of this window that repeat an input, and take the results earlier windows computed. A row
+        whose source failed fails the same way."""
+        at = np.concatenate([p[0] for p in computed]) if computed else np.empty(0, np.int64)
+        cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]} if computed else {}
+        if cols:
             self._out_types = self._out_types or {n: c.type for n, c in cols.items()}
-            if end.hashes is not None:
-                self.cache.put_many(end.hashes[at], cols)
-        if end.dupes is None:
-            return []
-        dup, src = end.dupes
         order = np.argsort(at)
-        loc = np.searchsorted(at[order], src)
-        ok = loc < len(at)
-        ok[ok] = at[order][loc[ok]] == src[ok]
-        taken = pa.array(order[loc[ok]])
-        out = [(dup[ok], {n: c.take(taken) for n, c in cols.items()})] if ok.any() else []
+
+        def locate(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Which ``positions`` were inferred, and their index in ``cols``."""
+            loc = np.searchsorted(at[order], positions)
+            ok = loc < len(at)
+            ok[ok] = at[order][loc[ok]] == positions[ok]
+            return ok, order[loc[ok]]
+
+        def why(src: int) -> tuple[str, str]:
+            cause = failed.get(src) or pre.get(int(end.rows[src]))
+            if isinstance(cause, ErrorRecord):
+                return cause.stage, cause.message
+            return "predict", str(cause)
+
         pre = {e.row: e for e in end.errors if e.row is not None}
-        for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):  # the source failed
-            why = failed.get(s_) or pre.get(int(end.rows[s_]))
-            message = why.message if isinstance(why, ErrorRecord) else str(why)
-            stage = why.stage if isinstance(why, ErrorRecord) else "predict"
-            state.errors.append(
-                ErrorRecord.of(
-                    end.shard.uri,
-                    int(end.rows[d]),
-                    stage,
-                    f"same input as row {int(end.rows[s_])}: {message}",
-                    row_id=self._row_id(end.passthrough, d),
-                )
-            )
+        out: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
+        if end.owned is not None:
+            positions, slots = end.owned
+            ok, idx = locate(positions)
+            values = {n: c.take(pa.array(idx)).to_pylist() for n, c in cols.items()}
+            for j, slot in enumerate(s for s, good in zip(slots, ok, strict=True) if good):
+                slot.values = {n: v[j] for n, v in values.items()}
+            for pos, slot, good in zip(positions.tolist(), slots, ok.tolist(), strict=True):
+                if not good:
+                    stage, message = why(pos)
+                    slot.failed = f"{stage}: {message}"
+        if end.dupes is not None:
+            dup, src = end.dupes
+            ok, idx = locate(src)
+            if ok.any():
+                out.append((dup[ok], {n: c.take(pa.array(idx)) for n, c in cols.items()}))
+            for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):
+                stage, message = why(s_)
+                self._fail_copy(state, end, d, stage, f"same input as row {int(end.rows[s_])}: {message}")
+        if end.deferred is not None:
+            positions, slots = end.deferred
+            filled = [(p, s.values) for p, s in zip(positions.tolist(), slots, strict=True) if s.values is not None]
+            if filled:
+                rows = np.array([p for p, _ in filled], np.int64)
+                out.append((rows, {n: pa.array([v[n] for _, v in filled], t) for n, t in self._out_types.items()}))
+            for p, s_ in zip(positions.tolist(), slots, strict=True):
+                if s_.values is None:
+                    self._fail_copy(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
         return out
+
+    def _fail_copy(self, state: _ShardState, end: _WindowEnd, pos: int, stage: str, message: str) -> None:
+        row_id = self._row_id(end.passthrough, pos)
+        state.errors.append(ErrorRecord.of(end.shard.uri, int(end.rows[pos]), stage, message, row_id=row_id))
 
     def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
         shard = state.shard
