@@ -50,6 +50,16 @@ def start(args, cwd):
     return subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
+def url_of(proc: subprocess.Popen, scheme: str) -> str:
+    """The URL the server prints once it listens."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        m = re.search(rf"at ({scheme}://127\.0\.0\.1:\d+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError(f"the server did not start: exit {proc.wait()}")
+
+
 def test_tls_and_the_audit_log(tmp_path):
     model = train_classifier(tmp_path / "m.joblib")
     cert, key = self_signed(tmp_path)
@@ -57,14 +67,7 @@ def test_tls_and_the_audit_log(tmp_path):
     proc = start(["-m", str(model), "--set", "serve.api_keys_file='keys.txt'", "--set", f"serve.tls_cert='{cert}'",
                   "--set", f"serve.tls_key='{key}'", "--set", "serve.audit_log='audit.jsonl'"], tmp_path)  # fmt: skip
     try:
-        assert proc.stderr is not None
-        url = None
-        for line in proc.stderr:
-            m = re.search(r"at (https://127\.0\.0\.1:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, proc.wait()
+        url = url_of(proc, "https")
         ctx = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(verify=ctx, timeout=30) as client:
             deadline = time.monotonic() + 60
@@ -125,14 +128,7 @@ def test_per_key_limits_and_keys_reloaded_on_sighup(tmp_path):
     proc = start(["-m", str(model), "--set", "serve.api_keys_file='keys.txt'", "--set",
                   "serve.audit_log='audit.jsonl'"], tmp_path)  # fmt: skip
     try:
-        assert proc.stderr is not None
-        url = None
-        for line in proc.stderr:
-            m = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url
+        url = url_of(proc, "http")
         deadline = time.monotonic() + 60
         while httpx.get(f"{url}/readyz").status_code != 200:
             assert time.monotonic() < deadline
