@@ -197,7 +197,7 @@ class Lineage:
         output_facets: dict[str, Any] = {}
         if report is not None and state == "COMPLETE":
             output_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                rowCount=int(report["rows_out"]) + int(report["rows_already_done"]) - 0,
+                rowCount=int(report.get("output_rows", report["rows_out"])),
                 size=report.get("output_bytes"),
                 fileCount=report.get("output_files"),
             )

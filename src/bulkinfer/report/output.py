@@ -61,6 +61,7 @@ def write_report(
         "threads": cfg.runtime.threads or available_cpus(),
         "machine": {**cpu(), "isa": isa_key()},
         **stats.to_json(price_per_hour=price, currency=cfg.cost.currency),
+        "output_rows": stats.output.rows,  # every committed part's rows, earlier runs' too
         "output_files": len(stats.output.covers),
         "output_bytes": output_bytes,
     }
