@@ -71,11 +71,7 @@ class _WindowEnd:
     passthrough: pa.Table
     errors: list[ErrorRecord]
     next_row: int  # the first row after this window (rows before it are done once it is assembled)
-    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
-    dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
-    hashes: np.ndarray | None = None  # each position's input hash
-    owned: tuple[np.ndarray, list[Slot]] | None = None  # positions inferred here, and the slots they fill
-    deferred: tuple[np.ndarray, list[Slot]] | None = None  # positions taking an earlier window's result
+    reuse: _Reuse = field(default_factory=lambda: _Reuse())  # what the window takes instead of inferring it
 
 
 @dataclass
@@ -83,11 +79,11 @@ class _Reuse:
     """What a window takes from elsewhere instead of inferring it."""
 
     compute: np.ndarray | None = None  # positions to infer (None: all)
-    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
-    dupes: tuple[np.ndarray, np.ndarray] | None = None
-    hashes: np.ndarray | None = None
-    owned: tuple[np.ndarray, list[Slot]] | None = None
-    deferred: tuple[np.ndarray, list[Slot]] | None = None
+    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
+    dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
+    hashes: np.ndarray | None = None  # each position's input hash
+    owned: tuple[np.ndarray, list[Slot]] | None = None  # positions inferred here, and the slots they fill
+    deferred: tuple[np.ndarray, list[Slot]] | None = None  # positions taking an earlier window's result
 
 
 @dataclass
@@ -151,8 +147,6 @@ class LocalRunner:
     def load_previous(self) -> None:
         """The previous output's index (``source.previous``), once per process."""
         if self.cfg.source.previous and self.previous is None:
-            from ..reuse import PreviousOutput
-
             self.previous = PreviousOutput(self.cfg.source.previous, self.cfg.source.id_column or "")
 
     def close(self) -> None:
@@ -333,10 +327,7 @@ class LocalRunner:
                 passthrough = table.select(self.passthrough)
                 if self.write_hash:
                     passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
-                end = _WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row)
-                end.reused, end.dupes, end.hashes = reuse.reused, reuse.dupes, reuse.hashes
-                end.owned, end.deferred = reuse.owned, reuse.deferred
-                q.put(end)
+                q.put(_WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row, reuse))
                 if limit is not None:
                     q.put(_ShardEnd(shard, stop=limit))
                     return True
@@ -423,13 +414,10 @@ class LocalRunner:
         batch_errors, state.batch_errors = state.batch_errors, []
         state.errors.extend(end.errors)
         for pos, exc in batch_errors:
-            state.errors.append(
-                ErrorRecord.of(
-                    end.shard.uri, int(end.rows[pos]), "predict", exc, row_id=self._row_id(end.passthrough, pos)
-                )
-            )
-        pieces = computed + end.reused
-        if end.dupes is not None or end.owned is not None or end.deferred is not None:
+            self._fail_row(state, end, pos, "predict", exc)
+        reuse = end.reuse
+        pieces = computed + reuse.reused
+        if reuse.dupes is not None or reuse.owned is not None or reuse.deferred is not None:
             pieces += self._fan_out(computed, end, dict(batch_errors), state)
         rows, take = restore_order([p[0] for p in pieces])
         names = list(pieces[0][1]) if pieces else []
@@ -485,8 +473,8 @@ class LocalRunner:
 
         pre = {e.row: e for e in end.errors if e.row is not None}
         out: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
-        if end.owned is not None:
-            positions, slots = end.owned
+        if end.reuse.owned is not None:
+            positions, slots = end.reuse.owned
             ok, idx = locate(positions)
             values = {n: c.take(pa.array(idx)).to_pylist() for n, c in cols.items()}
             for j, slot in enumerate(s for s, good in zip(slots, ok, strict=True) if good):
@@ -495,28 +483,29 @@ class LocalRunner:
                 if not good:
                     stage, message = why(pos)
                     slot.failed = f"{stage}: {message}"
-        if end.dupes is not None:
-            dup, src = end.dupes
+        if end.reuse.dupes is not None:
+            dup, src = end.reuse.dupes
             ok, idx = locate(src)
             if ok.any():
                 out.append((dup[ok], {n: c.take(pa.array(idx)) for n, c in cols.items()}))
             for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):
                 stage, message = why(s_)
-                self._fail_copy(state, end, d, stage, f"same input as row {int(end.rows[s_])}: {message}")
-        if end.deferred is not None:
-            positions, slots = end.deferred
+                self._fail_row(state, end, d, stage, f"same input as row {int(end.rows[s_])}: {message}")
+        if end.reuse.deferred is not None:
+            positions, slots = end.reuse.deferred
             filled = [(p, s.values) for p, s in zip(positions.tolist(), slots, strict=True) if s.values is not None]
             if filled:
                 rows = np.array([p for p, _ in filled], np.int64)
                 out.append((rows, {n: pa.array([v[n] for _, v in filled], t) for n, t in self._out_types.items()}))
             for p, s_ in zip(positions.tolist(), slots, strict=True):
                 if s_.values is None:
-                    self._fail_copy(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
+                    self._fail_row(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
         return out
 
-    def _fail_copy(self, state: _ShardState, end: _WindowEnd, pos: int, stage: str, message: str) -> None:
+    def _fail_row(self, state: _ShardState, end: _WindowEnd, pos: int, stage: str, cause: BaseException | str) -> None:
+        """Record that the row at window position ``pos`` failed."""
         row_id = self._row_id(end.passthrough, pos)
-        state.errors.append(ErrorRecord.of(end.shard.uri, int(end.rows[pos]), stage, message, row_id=row_id))
+        state.errors.append(ErrorRecord.of(end.shard.uri, int(end.rows[pos]), stage, cause, row_id=row_id))
 
     def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
         shard = state.shard
