@@ -23,7 +23,6 @@ with the expression language of routes: a gate, never ``eval``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import tempfile
 from collections import Counter
@@ -38,10 +37,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import SourceError
-from .outputs import Part, finished_output, normalise, part_batches
+from .outputs import Part, finished_output, normalise, part_batches, part_schema
 from .records import decode_records
 from .report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
 from .report.drift import psi_from_sketches
+from .reuse import id_keys, splitmix64
 from .sources.files import read_whole
 
 __all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
@@ -60,23 +60,11 @@ class CompareSpec:
 
 
 # -- ids -> 64-bit hashes (the same on both sides, whatever the part layout) ---------------
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def id_hashes(ids: pa.Array) -> np.ndarray:
-    """A 64-bit hash per id: integers through splitmix64, anything else through BLAKE2b of its text."""
-    if pa.types.is_integer(ids.type) and ids.null_count == 0:
-        return _splitmix(ids.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64))
-    return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little") for v in ids.to_pylist()),
-        np.uint64,
-        len(ids),
-    )
+    """A 64-bit hash per id, spread evenly (the buckets and the sample depend on it): integers
+    through splitmix64, anything else through BLAKE2b of its text (``reuse.id_keys``)."""
+    keys = id_keys(ids)
+    return splitmix64(keys) if pa.types.is_integer(ids.type) and ids.null_count == 0 else keys
 
 
 # -- partitioning -----------------------------------------------------------------------
@@ -288,12 +276,6 @@ def _failed_ids(out: str) -> tuple[int, set[Any]]:
     return int(manifest.get("rows_failed", 0)), ids
 
 
-def _schema(parts: list[Part]) -> pa.Schema | None:
-    from .sources.files import path_or_file
-
-    return pq.ParquetFile(path_or_file(parts[0].path)).schema_arrow if parts else None
-
-
 def _passthrough(job: Mapping[str, Any]) -> set[str]:
     cfg = job.get("config", {})
     return {c for c in [cfg.get("source", {}).get("id_column"), *cfg.get("sink", {}).get("keep_columns", [])] if c}
@@ -312,7 +294,7 @@ def compare_outputs(
     id_col = spec.id_column or job_a.get("config", {}).get("source", {}).get("id_column")
     if not id_col:
         raise SourceError(f"{a}: the run had no source.id_column; pass --id with the column both outputs share", a)
-    sa, sb = _schema(parts_a), _schema(parts_b)
+    sa, sb = part_schema(parts_a), part_schema(parts_b)
     names_a = [n for n in (sa.names if sa else []) if n not in _passthrough(job_a) | {id_col}]
     names_b = [n for n in (sb.names if sb else []) if n not in _passthrough(job_b) | {id_col}]
     shared = [n for n in names_a if n in names_b and (not spec.columns or n in spec.columns)]

@@ -18,7 +18,7 @@ from .errors import SourceError
 from .ledger import PRIVATE, SUCCESS
 from .sources.files import path_or_file, read_whole
 
-__all__ = ["BATCH_ROWS", "Part", "finished_output", "normalise", "part_batches", "private_json"]
+__all__ = ["BATCH_ROWS", "Part", "finished_output", "normalise", "part_batches", "part_schema", "private_json"]
 
 BATCH_ROWS = 8192
 
@@ -57,6 +57,11 @@ def finished_output(out: str, what: str = "indexed") -> tuple[list[Part], dict[s
         parts.append(Part(f"{out}/{f['name']}", f["name"], int(f["rows"]), first))
         first += int(f["rows"])
     return parts, job
+
+
+def part_schema(parts: list[Part]) -> pa.Schema | None:
+    """The Arrow schema of an output's parts (its first part's; None when it has none)."""
+    return pq.ParquetFile(path_or_file(parts[0].path)).schema_arrow if parts else None
 
 
 def part_batches(part: Part, columns: list[str], hint: str = "pass --column") -> Iterator[pa.RecordBatch]:

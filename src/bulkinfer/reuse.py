@@ -49,6 +49,7 @@ __all__ = [
     "deleted_rows",
     "id_keys",
     "row_hashes",
+    "splitmix64",
     "write_deleted",
 ]
 
@@ -68,6 +69,12 @@ def _mix(z: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of 64-bit values: a well-spread hash of integers, vectorised."""
+    with np.errstate(over="ignore"):
+        return _mix(x.astype(np.uint64) + _M)
+
+
 def _blake(values: Sequence[Any]) -> np.ndarray:
     out = np.empty(len(values), np.uint64)
     for i, v in enumerate(values):
@@ -85,7 +92,7 @@ def _column_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
         bits = np.ascontiguousarray(np.where(values == 0, 0.0, values)).view(np.uint64)  # -0.0 == 0.0
-        h = _mix(bits + _M)
+        h = splitmix64(bits)
         if arr.null_count:
             h = np.where(arr.is_null().to_numpy(zero_copy_only=False), _NULL, h)
         return h
@@ -218,12 +225,11 @@ class PreviousOutput:
         return self.index.keys
 
 
-def _schema_names(parts: Sequence[Any]) -> list[str]:
-    import pyarrow.parquet as pq
+def _schema_names(parts: list[Any]) -> list[str]:
+    from .outputs import part_schema
 
-    from .sources.files import path_or_file
-
-    return list(pq.ParquetFile(path_or_file(parts[0].path)).schema_arrow.names) if parts else []
+    schema = part_schema(parts)
+    return list(schema.names) if schema is not None else []
 
 
 def check_previous(where: str, id_column: str | None, sink_format: str) -> dict[str, Any]:
