@@ -40,9 +40,9 @@ class _Section(BaseModel):
 class SourceConfig(_Section):
     paths: list[str] = Field(default_factory=list)
     """Input files: paths, directories, globs or fsspec URIs (file://, memory://, s3://...)."""
-    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg"] = "auto"
-    """Input format; 'auto' picks it from each file's extension. delta: paths are Delta Lake tables;
-    iceberg: paths are Iceberg table names in source.catalog."""
+    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch"] = "auto"
+    """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
+    openai-batch). delta: paths are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog."""
     id_column: str | None = None
     """Column that identifies a row; copied to the output and to error records. Optional."""
     shard_rows: int = Field(default=10_000, ge=1)
@@ -107,6 +107,18 @@ class ModelConfig(_Section):
     """Generation models, sampling: draw from the smallest set of tokens whose probability reaches top_p."""
     seed: int = 0
     """Generation models, sampling: with the prompt, seeds each row's draws (a resumed row regenerates the same)."""
+    messages: list[dict[str, str]] = Field(default_factory=list)
+    """Generation models: chat messages ({role, content} with {column} placeholders) rendered by the tokenizer's
+    chat template, instead of prompt_template."""
+    chat_template: str | None = None
+    """Generation models: a Jinja chat template replacing the tokenizer's own."""
+    json_schema: dict[str, Any] | str | None = None
+    """Generation models: every completion is JSON valid against this schema (an object, or a .json file's path):
+    constrained decoding."""
+    expand_json: bool = False
+    """Generation models with json_schema: the JSON's top-level fields also become typed output columns."""
+    served_name: str | None = None
+    """The model's name in OpenAI requests (body.model) and responses; default: the model directory's name."""
 
 
 class RuntimeConfig(_Section):
@@ -160,8 +172,8 @@ class RuntimeConfig(_Section):
 class SinkConfig(_Section):
     path: str = ""
     """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
-    format: Literal["parquet", "jsonl", "csv"] = "parquet"
-    """Output file format."""
+    format: Literal["parquet", "jsonl", "csv", "openai-batch"] = "parquet"
+    """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines."""
     keep_columns: list[str] = Field(default_factory=list)
     """Input columns copied to the output next to the results (the id column always is)."""
     preserve_order: bool = True

@@ -27,8 +27,9 @@ from .committer import Committer, PartStamp, RetryCommitter, remaining_work, ret
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
 from .hardware import emulation_warning
-from .ledger import Ledger, OutputLedger, failed_rows
+from .ledger import Ledger, OutputLedger, active_error_files, failed_rows
 from .lineage import Lineage
+from .llm.batch_files import batch_config
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .records import redact
@@ -69,6 +70,7 @@ class Prepared:
 def prepare(cfg: JobConfig) -> Prepared:
     """Resolve the model and build its adapter (nothing heavy is loaded yet)."""
     cfg.require_runnable()
+    cfg = batch_config(cfg)
     model = resolve_model(cfg)
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
@@ -158,6 +160,12 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                 lineage.fail(failure, report)
         if done:
             extra = write_deleted(cfg.source.previous, job.cfg, plan, ledger, report) if cfg.source.previous else {}
+            if job.cfg.sink.format == "openai-batch":
+                from .llm.batch_files import write_batch_files
+
+                commits = ledger.commits()
+                parts = [c.file for c in commits if c.file]
+                write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
             ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
             lineage.complete(report, stats.output.schema)
     if done and job.cfg.index.output:

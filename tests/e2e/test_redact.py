@@ -17,7 +17,7 @@ import httpx
 from helpers import cli
 
 CANARY = "CANARY-51d0e2"
-MODEL = '''
+MODEL = """
 def score(table):
     out = []
     for v in table["text"].to_pylist():
@@ -25,7 +25,7 @@ def score(table):
             raise ValueError(f"cannot score {v!r}")
         out.append(float(len(v)))
     return {"score": out}
-'''
+"""
 
 
 def files_holding(root: Path, needle: str) -> list[str]:

@@ -11,36 +11,7 @@ import pytest
 from bulkinfer import load_config, run_job
 
 from helpers import read_output, write
-
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "red", "running", "shoes", "summarise", "this", "product", "review", "great", "value"]
-
-
-def tiny_lm(path, style: str):
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator([" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")  # fmt: skip
-    torch.manual_seed(0 if style == "llama" else 1)
-    if style == "llama":
-        cfg = LlamaConfig(vocab_size=fast.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                          bos_token_id=1, eos_token_id=2, pad_token_id=3)  # fmt: skip
-        model = LlamaForCausalLM(cfg)
-    else:
-        cfg = GPT2Config(vocab_size=fast.vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3)  # fmt: skip
-        model = GPT2LMHeadModel(cfg)
-    model.eval().save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
+from tiny_lm import WORDS, tiny_lm
 
 
 def one_at_a_time(path, prompts, max_new_tokens):
@@ -53,8 +24,14 @@ def one_at_a_time(path, prompts, max_new_tokens):
     for p in prompts:
         ids = tok(p, return_tensors="pt")["input_ids"]
         with torch.inference_mode():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
         new = gen[0, ids.shape[1]:].tolist()  # fmt: skip
         if tok.eos_token_id in new:
             new = new[: new.index(tok.eos_token_id)]
@@ -132,3 +109,53 @@ def test_sampling_is_per_row_reproducible_whatever_the_batch(tmp_path):
     other_seed = run("s7", **{"runtime.batch_size": 8, "model.seed": 7})
     greedy = run("g", **{"model.temperature": 0.0})
     assert other_seed != big and greedy != big
+
+
+def test_chat_messages_with_a_json_schema_expand_into_typed_columns(tmp_path):
+    import json
+
+    import jsonschema
+    from transformers import AutoTokenizer
+
+    model = tiny_lm(tmp_path / "llama", "llama", context=256)
+    schema = {
+        "type": "object",
+        "properties": {
+            "sentiment": {"enum": ["positive", "negative", "neutral"]},
+            "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+            "tags": {"type": "array", "items": {"enum": ["shoes", "fox", "dog"]}, "maxItems": 2},
+            "spam": {"type": "boolean"},
+        },
+        "required": ["sentiment", "stars", "tags", "spam"],
+        "additionalProperties": False,
+    }
+    t = prompts_table(16)
+    write(t, tmp_path / "in.parquet")
+    messages = [
+        {"role": "system", "content": "Label reviews as JSON."},
+        {"role": "user", "content": "{product}: {text}"},
+    ]
+    cfg = load_config(overrides={
+        "source.paths": [str(tmp_path / "in.parquet")], "model.name": str(model), "source.id_column": "id",
+        "model.messages": messages, "model.json_schema": schema, "model.expand_json": True,
+        "model.max_new_tokens": 120, "model.temperature": 1.0, "sink.path": str(tmp_path / "out"),
+        "execution.progress": "none", "runtime.batch_size": 6,
+    })  # fmt: skip
+    run_job(cfg)
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out.column_names == ["id", "completion", "finish_reason", "prompt_tokens", "completion_tokens",
+                                "sentiment", "stars", "tags", "spam"]  # fmt: skip
+    assert [str(out.schema.field(c).type) for c in ("sentiment", "stars", "tags", "spam")] == [
+        "string", "int64", "list<element: string>", "bool"]  # fmt: skip
+    # random weights sampled at temperature 1, yet every completion is JSON valid against the schema
+    assert out["finish_reason"].to_pylist() == ["stop"] * 16
+    parsed = [json.loads(c) for c in out["completion"].to_pylist()]
+    for obj in parsed:
+        jsonschema.validate(obj, schema)
+    assert out["stars"].to_pylist() == [o["stars"] for o in parsed]
+    assert out["tags"].to_pylist() == [o["tags"] for o in parsed]
+    tok = AutoTokenizer.from_pretrained(model)
+    first = [{"role": "system", "content": "Label reviews as JSON."},
+             {"role": "user", "content": f"{t['product'][0]}: {t['text'][0]}"}]  # fmt: skip
+    prompt = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True)
+    assert out["prompt_tokens"][0].as_py() == len(tok(prompt, add_special_tokens=False)["input_ids"])

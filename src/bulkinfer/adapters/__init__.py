@@ -17,6 +17,7 @@ from ..config import JobConfig
 from ..errors import ConfigError, ModelError
 from .base import (
     Adapter,
+    RowsRejected,
     SetupContext,
     available_cpus,
     predict_features,
@@ -28,6 +29,7 @@ from .base import (
 __all__ = [
     "Adapter",
     "ResolvedModel",
+    "RowsRejected",
     "SetupContext",
     "available_cpus",
     "build_adapter",
@@ -136,17 +138,24 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         from ..engines import choose_engine
         from .text import TextEmbeddingAdapter
 
-        if not m.text_column:
+        requests = cfg.source.format == "openai-batch"
+        if not m.text_column and not requests:
             raise ConfigError("model.text_column: a text model needs the column to embed; pass --text-column")
-        return TextEmbeddingAdapter(
+        adapter = TextEmbeddingAdapter(
             model.location,
-            m.text_column,
+            m.text_column or "input",
             engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device),
             precision=cfg.runtime.precision,
             max_seq_length=m.max_seq_length,
             model_digest=model.digest,
             cache_dir=cfg.runtime.cache_dir,
         )
+        if requests:
+            from .embed_requests import EmbeddingRequests
+
+            names = [m.served_name or m.name, m.name, Path(model.location).name]
+            return EmbeddingRequests(adapter, list(dict.fromkeys(names)))
+        return adapter
     if model.kind == "knn":
         from .knn import KnnAdapter
 
@@ -156,8 +165,10 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
         if cfg.runtime.precision != "fp32":
             raise ConfigError("runtime.precision: generation models run in fp32 here (bf16/int8 are for embeddings)")
-        return GenerateAdapter(
-            model.location, m.text_column, m.prompt_template, m.max_new_tokens, m.stop, m.temperature, m.top_p, m.seed
+        return GenerateAdapter(model.location, m, requests=cfg.source.format == "openai-batch")
+    if cfg.source.format == "openai-batch":
+        raise ConfigError(
+            f"source.format: an OpenAI batch file needs a generation or text-embedding model, not a {model.kind} one"
         )
     if cfg.runtime.precision != "fp32":
         raise ConfigError(

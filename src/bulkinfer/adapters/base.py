@@ -28,6 +28,7 @@ from ..errors import ModelError
 
 __all__ = [
     "Adapter",
+    "RowsRejected",
     "SetupContext",
     "available_cpus",
     "predict_features",
@@ -43,6 +44,16 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+
+
+class RowsRejected(Exception):
+    """Raised by :meth:`Adapter.preprocess` for rows it will not run (an invalid request, a prompt
+    over the model's context): ``errors`` maps each row's position in the table to its error.
+    Those rows become error records at once (no bisection) and the others are preprocessed again."""
+
+    def __init__(self, errors: Mapping[int, Exception]) -> None:
+        super().__init__(f"{len(errors)} rows rejected")
+        self.errors = dict(errors)
 
 
 @dataclass(frozen=True)

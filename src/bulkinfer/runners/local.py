@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..adapters import Adapter, job_setup_context, to_arrow_column
+from ..adapters import Adapter, RowsRejected, job_setup_context, to_arrow_column
 from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
 from ..errors import BulkinferError, ModelError, SourceError
@@ -212,15 +212,19 @@ class LocalRunner:
     def _preprocess(self, shard: Shard, rows: np.ndarray, table: pa.Table) -> tuple[Any, np.ndarray, list[ErrorRecord]]:
         """Features of the window's good rows, their positions, and error records for the bad ones."""
         positions = np.arange(table.num_rows)
+        failed: list[tuple[int, BaseException]] | None = None
         try:
             return self.adapter.preprocess(table), positions, []
         except BulkinferError:
             raise
+        except RowsRejected as rejected:  # the adapter named its bad rows: no bisection
+            failed = sorted(rejected.errors.items())
         except Exception:
             pass
-        _ok, failed = bisect_call(
-            positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))), known_bad=True
-        )
+        if failed is None:
+            _ok, failed = bisect_call(
+                positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))), known_bad=True
+            )
         bad = {pos for pos, _exc in failed}
         errors = [
             ErrorRecord.of(shard.uri, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))

@@ -37,7 +37,7 @@ __all__ = [
     "write_part",
 ]
 
-EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv"}
+EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl"}
 ERRORS = "_errors"
 
 
@@ -65,6 +65,10 @@ def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
         pq.write_table(table, buf, compression=compression)
     elif fmt == "csv":
         pacsv.write_csv(_jsonable(table), buf)
+    elif fmt == "openai-batch":
+        from ..llm.batch_files import output_lines
+
+        buf.write(output_lines(table))
     elif fmt == "jsonl":
         for row in table.to_pylist():
             buf.write(json.dumps(row, ensure_ascii=False, default=str).encode())
@@ -80,6 +84,10 @@ def deserialize(data: bytes, fmt: str) -> pa.Table:
         return pq.read_table(io.BytesIO(data))
     if fmt == "csv":
         return pacsv.read_csv(io.BytesIO(data))
+    if fmt == "openai-batch":
+        from ..llm.batch_files import read_output_lines
+
+        return read_output_lines(data)
     import pyarrow.json as pajson
 
     return pajson.read_json(io.BytesIO(data))

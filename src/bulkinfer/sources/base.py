@@ -31,6 +31,8 @@ class Span(NamedTuple):
     stop: int
     offset: int | None = None
     end: int | None = None
+    repeats: tuple[int, ...] = ()
+    """Rows that repeat an earlier row's key (an OpenAI batch file's custom_id)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Shard:
 
     For JSONL and CSV, ``offset``/``end`` are the byte bounds of the planned shard and
     ``base`` the row number at ``offset``; a resumed tail of a shard keeps them and moves
-    ``start``.
+    ``start``. ``repeats``: rows whose key an earlier row of the file already used (an OpenAI
+    batch file's duplicate custom_id), found at planning.
     """
 
     index: int
@@ -50,6 +53,7 @@ class Shard:
     offset: int | None = None
     end: int | None = None
     base: int | None = None
+    repeats: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -60,7 +64,7 @@ class Shard:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Shard:
-        return cls(**data)
+        return cls(**{**data, "repeats": tuple(data.get("repeats", ()))})
 
 
 class Format(Protocol):

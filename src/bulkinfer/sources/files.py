@@ -16,6 +16,7 @@ from ..errors import SourceError
 __all__ = [
     "InputFile",
     "concurrently",
+    "expand_inputs",
     "filesystem",
     "list_inputs",
     "open_binary",
@@ -117,6 +118,13 @@ def _expand(pattern: str, extensions: Sequence[str]) -> list[str]:
     if fs.isfile(path):
         return [_qualify(fs, path)]
     raise SourceError(f"{pattern}: no such file or directory; check the path", pattern)
+
+
+def expand_inputs(pattern: str) -> list[str]:
+    """The files a path, directory or glob names (data files of the known formats in a directory)."""
+    from .registry import EXTENSIONS
+
+    return _expand(pattern, list(EXTENSIONS))
 
 
 def fingerprint(uri: str, fmt: str) -> InputFile:

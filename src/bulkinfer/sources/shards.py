@@ -50,7 +50,10 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
             continue
         for span in spans:
             base = span.start if span.offset is not None else None
-            shards.append(Shard(len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base))
+            shard = Shard(
+                len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base, span.repeats
+            )
+            shards.append(shard)
     return shards
 
 

@@ -1,0 +1,94 @@
+"""``/v1/embeddings`` requests of an OpenAI batch file, answered by the text-embedding
+adapter: each request's inputs are embedded with the other requests' (length-sorted,
+batched by tokens as any text job), and the answer is the API's embeddings body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..llm.openai_api import EMBEDDINGS, BadRequest, dumps, embeddings_body, embeddings_inputs
+from .base import Adapter, RowsRejected, SetupContext, to_numpy_column
+from .generate import REQUEST_COLUMNS
+
+__all__ = ["EmbeddingRequests"]
+
+
+@dataclass
+class _Requests:
+    texts: Any  # the inner adapter's features of every input of every request
+    spans: list[tuple[int, int]]  # each request's inputs in ``texts``
+    encodings: list[str]
+    tokens: list[int]
+
+
+class EmbeddingRequests(Adapter):
+    """Batch-file embeddings requests over a text-embedding adapter."""
+
+    input_columns = REQUEST_COLUMNS
+
+    def __init__(self, inner: Any, names: Sequence[str]) -> None:
+        self.inner, self.names = inner, list(names)
+        self.served_name = self.names[0]
+        self.engine_name = getattr(inner, "engine_name", "torch")
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.inner.setup(ctx)
+
+    def preprocess(self, table: pa.Table) -> _Requests:
+        rejected: dict[int, Exception] = {}
+        texts: list[str] = []
+        spans, encodings = [], []
+        for pos, row in enumerate(table.select(list(REQUEST_COLUMNS)).to_pylist()):
+            try:
+                if row["line_error"]:
+                    raise BadRequest(row["line_error"], "custom_id")
+                if row["url"] != EMBEDDINGS:
+                    raise BadRequest(f"url: this job's model makes embeddings; it answers {EMBEDDINGS}", "url")
+                body = json.loads(row["body"]) if row["body"] else None
+                inputs = embeddings_inputs(body, self.names)
+            except (BadRequest, ValueError) as exc:
+                rejected[pos] = exc if isinstance(exc, BadRequest) else BadRequest(f"body: not JSON ({exc})", "body")
+                continue
+            spans.append((len(texts), len(texts) + len(inputs)))
+            encodings.append(str(body.get("encoding_format") or "float") if isinstance(body, dict) else "float")
+            texts.extend(inputs)
+        if rejected:
+            raise RowsRejected(rejected)
+        features = self.inner.preprocess(pa.table({self.inner.input_columns[0]: pa.array(texts, pa.string())}))
+        costs = self.inner.cost(features)
+        return _Requests(features, spans, encodings, [sum(costs[a:b]) for a, b in spans])
+
+    def cost(self, features: _Requests) -> Sequence[int]:
+        return features.tokens
+
+    def select(self, features: _Requests, indices: np.ndarray) -> _Requests:
+        flat = [i for r in indices for i in range(*features.spans[r])]
+        spans, start = [], 0
+        for r in indices:
+            a, b = features.spans[r]
+            spans.append((start, start + b - a))
+            start += b - a
+        texts = self.inner.select(features.texts, np.asarray(flat, dtype=np.int64))
+        picked = [features.encodings[i] for i in indices], [features.tokens[i] for i in indices]
+        return _Requests(texts, spans, *picked)
+
+    def predict(self, batch: _Requests) -> Mapping[str, Any]:
+        columns = self.inner.postprocess(self.inner.predict(batch.texts))
+        vectors = columns["embedding"]
+        if isinstance(vectors, pa.Array | pa.ChunkedArray):
+            vectors = to_numpy_column(vectors)
+        vectors = np.asarray(vectors, dtype=np.float32)
+        bodies = [
+            dumps(embeddings_body(vectors[a:b], self.served_name, n, enc))
+            for (a, b), n, enc in zip(batch.spans, batch.tokens, batch.encodings, strict=True)
+        ]
+        return {"response": bodies, "prompt_tokens": batch.tokens, "completion_tokens": [0] * len(bodies)}
+
+    def close(self) -> None:
+        self.inner.close()

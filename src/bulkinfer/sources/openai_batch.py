@@ -1,0 +1,123 @@
+"""OpenAI Batch API input files (``source.format = "openai-batch"``, detected from a JSONL
+file whose first line is a request): one request per line,
+``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}``.
+
+Every line that names a ``custom_id`` becomes a row (``custom_id``, ``method``, ``url``,
+``body`` as JSON text, ``line_error``); the model's adapter checks the request and answers
+it or records it as that request's error. A line that is not a JSON object or has no
+string ``custom_id`` is an error row of the file. A ``custom_id`` an earlier line of the
+file already used is found at planning (``Shard.repeats``) and its line is an error of its
+own (``line_error``): each ``custom_id`` is answered exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .base import BadRow, Shard, Span, numbered
+from .files import InputFile, filesystem, open_binary, read_range
+
+__all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
+
+COLUMNS = ("custom_id", "method", "url", "body", "line_error")
+
+
+def _custom_id(line: bytes) -> str | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
+
+
+def looks_like_batch(uri: str) -> bool:
+    """Whether the file's first non-empty line is an OpenAI batch request."""
+    try:
+        with open_binary(uri) as fh:
+            for line in fh:
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and {"custom_id", "url", "body"} <= set(obj)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+class OpenAIBatchFormat:
+    name = "openai-batch"
+    extensions: tuple[str, ...] = ()  # .jsonl is JSONL unless declared or detected
+
+    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+        fs, path = filesystem(f.uri)
+        spans: list[Span] = []
+        seen: set[str] = set()
+        repeats: list[int] = []
+        rows = start_row = pos = start_off = 0
+        with fs.open(path, "rb") as fh:
+            for line in fh:
+                pos += len(line)
+                if not line.strip():
+                    continue
+                cid = _custom_id(line)
+                if cid is not None:
+                    if cid in seen:
+                        repeats.append(rows)
+                    seen.add(cid)
+                rows += 1
+                if rows - start_row == shard_rows:
+                    spans.append(Span(start_row, rows, start_off, pos, tuple(repeats)))
+                    start_row, start_off, repeats = rows, pos, []
+        if rows > start_row:
+            spans.append(Span(start_row, rows, start_off, pos, tuple(repeats)))
+        return spans
+
+    def head_schema(self, f: InputFile) -> pa.Schema:
+        return pa.schema([(c, pa.string()) for c in COLUMNS])
+
+    def read(
+        self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
+    ) -> Iterator[pa.RecordBatch]:
+        data = read_range(shard)
+        base = shard.base if shard.base is not None else shard.start
+        repeats = set(shard.repeats)
+        good: list[dict[str, Any]] = []
+        rows: list[int] = []
+        n = base
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            row, n = n, n + 1
+            if not shard.start <= row < shard.stop:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                bad(row, f"invalid JSON ({exc}); each line is one request object")
+                continue
+            cid = obj.get("custom_id") if isinstance(obj, dict) else None
+            if not isinstance(cid, str) or not cid:
+                what = "no string custom_id" if isinstance(obj, dict) else f"a {type(obj).__name__}, not an object"
+                bad(row, f"the request has {what}; every line needs a unique custom_id")
+                continue
+            body = obj.get("body")
+            good.append(
+                {
+                    "custom_id": cid,
+                    "method": obj.get("method") if isinstance(obj.get("method"), str) else None,
+                    "url": obj.get("url") if isinstance(obj.get("url"), str) else None,
+                    "body": json.dumps(body, ensure_ascii=False) if body is not None else None,
+                    "line_error": f"custom_id {cid!r} was already used by an earlier line; custom_id must be unique"
+                    if row in repeats
+                    else None,
+                }
+            )
+            rows.append(row)
+        table = pa.table({c: pa.array([g[c] for g in good], pa.string()) for c in columns})
+        for b in table.to_batches(max_chunksize=batch_rows):
+            yield numbered(b, pa.array(rows[: b.num_rows], pa.int64()).to_numpy())
+            rows = rows[b.num_rows :]
