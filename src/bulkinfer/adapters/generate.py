@@ -140,6 +140,8 @@ class GenerateAdapter(Adapter):
         self.tokenizer: Any = None
         self.grammars: Any = None
         self._compiled: dict[str, str] = {}
+        #: serve's streaming requests: custom_id -> called with (Generated so far, done) after every token
+        self.streams: dict[str, Any] = {}
         self.context = 0
 
     def setup(self, ctx: SetupContext) -> None:
@@ -281,7 +283,16 @@ class GenerateAdapter(Adapter):
     def predict(self, batch: _Prompts) -> Mapping[str, Any]:
         from ..llm.decode import decode
 
-        out = decode(self.model, self.tokenizer, batch.ids, batch.params, self.device, self.grammars.matcher)
+        on_token = None
+        if self.streams and batch.keys:  # serve: some rows stream their tokens as they come
+            listeners = [self.streams.get(k) for k in batch.keys]
+
+            def on_token(i: int, generated: Any, done: bool) -> None:
+                listener = listeners[i]
+                if listener is not None:
+                    listener(generated, done)
+
+        out = decode(self.model, self.tokenizer, batch.ids, batch.params, self.device, self.grammars.matcher, on_token)
         prompt_tokens = [len(x) for x in batch.ids]
         used = [g.completion_tokens for g in out]
         if self.requests:

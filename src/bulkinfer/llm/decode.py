@@ -63,10 +63,10 @@ def decode(
     params: Sequence[Sampling],
     device: str = "cpu",
     matcher_for: Callable[[str], Any] | None = None,
-    on_token: Callable[[int, Generated], None] | None = None,
+    on_token: Callable[[int, Generated, bool], None] | None = None,
 ) -> list[Generated]:
     """Generate a completion for every prompt (token ids). ``matcher_for(grammar)`` makes the
-    grammar matcher of a constrained row; ``on_token(row, generated)`` sees every row's
+    grammar matcher of a constrained row; ``on_token(row, generated, done)`` sees every row's
     progress after each step (streaming)."""
     import torch
 
@@ -95,7 +95,7 @@ def decode(
             for j, i in enumerate(live):
                 _advance(rows[i], chosen[j], eos, tokenizer)
                 if on_token is not None:
-                    on_token(i, rows[i].out)
+                    on_token(i, rows[i].out, rows[i].done)
                 if not rows[i].done:
                     keep.append(j)
             if not keep:

@@ -3,10 +3,10 @@ module holds the routing, the lifespan and the model behind the routes; request 
 are in :mod:`.validation`, API keys in :mod:`.auth`, the OpenAI route in :mod:`.openai`.
 
 Routes: ``POST /v1/predict`` (rows in, the offline output's columns out),
-``POST /v1/embeddings`` (OpenAI-compatible), ``GET /v1/results/{id}`` (precomputed, with
-live fallback), ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` (Prometheus). Every
-error is JSON ``{"error": {"message", "type", "code"}}`` naming the problem; no traceback
-ever leaves the server.
+``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/completions`` (OpenAI-compatible),
+``GET /v1/results/{id}`` (precomputed, with live fallback), ``GET /healthz``, ``GET /readyz``,
+``GET /metrics`` (Prometheus). Every error is JSON ``{"error": {"message", "type", "code"}}``
+naming the problem; no traceback ever leaves the server.
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import Adapter, build_adapter, job_setup_context, resolve_batch_size, resolve_model
+from ..adapters import Adapter, RowsRejected, build_adapter, job_setup_context, resolve_batch_size, resolve_model
 from ..config import JobConfig
 from ..errors import BulkinferError
+from ..llm.openai_api import CHAT, COMPLETIONS
 from ..records import withheld
 from . import openai
 from .audit import AuditLog
 from .auth import KeyRing
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
+from .generation import generate
 from .metrics import ServeMetrics
 from .results import ResultIndex
 
@@ -53,6 +55,8 @@ class Server:
         self.keys = KeyRing(self.sv.api_keys_file)
         self.audit = AuditLog(self.sv.audit_log, self.sv.audit_max_bytes)
         self.model = resolve_model(cfg)
+        if self.model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
+            cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"format": "openai-batch"})})
         self.adapter: Adapter = build_adapter(cfg, self.model)
         cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
@@ -130,6 +134,9 @@ class Server:
         self.metrics.queue_rows.set(batcher.queued_rows)
         try:
             return await asyncio.wrap_future(future)
+        except RowsRejected as exc:  # the request's own fault (its prompt is over the context...)
+            (error,) = exc.errors.values()
+            raise ApiError(400, str(error), "invalid_request") from None
         except BulkinferError as exc:
             refused = withheld(str(exc), type(exc).__name__)
             raise ApiError(422, f"the model refused this request: {refused}", "model_error") from None
@@ -161,6 +168,8 @@ def build_app(cfg: JobConfig) -> Starlette:
     server = Server(cfg)
 
     async def predict(request: Request) -> Response:
+        if server.model.kind == "generate":
+            raise ApiError(404, f"a generation model answers POST {CHAT} and {COMPLETIONS}", "not_found")
         body = await read_body(request, server.sv.max_body_bytes)
         rows = body.get("rows") if isinstance(body, dict) else None
         table = server.check_rows(rows)
@@ -191,6 +200,12 @@ def build_app(cfg: JobConfig) -> Starlette:
 
     async def embeddings(request: Request) -> Response:
         return await openai.embeddings(server, request)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(server, request, CHAT)
+
+    async def completions(request: Request) -> Response:
+        return await generate(server, request, COMPLETIONS)
 
     async def search_route(request: Request) -> Response:
         from .search import search
@@ -250,6 +265,8 @@ def build_app(cfg: JobConfig) -> Starlette:
     routes = [
         Route("/v1/predict", guarded("predict", predict), methods=["POST"]),
         Route("/v1/embeddings", guarded("embeddings", embeddings), methods=["POST"]),
+        Route(CHAT, guarded("chat", chat_completions), methods=["POST"]),
+        Route(COMPLETIONS, guarded("completions", completions), methods=["POST"]),
         Route("/v1/results/{id:path}", guarded("results", results), methods=["GET"]),
         Route("/v1/search", guarded("search", search_route), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -1,0 +1,84 @@
+"""`bulkinfer serve` with a tiny random-weight causal LM, called by the `openai` client:
+chat and text completions, whole and streamed (server-sent events), concurrent requests
+merged, answers equal to the offline batch run of the same requests."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+from test_serve import Server
+
+from bulkinfer import load_config, run_job
+
+from tiny_lm import WORDS, tiny_lm
+
+PROMPTS = [" ".join(WORDS[i : i + 2 + i % 5]) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gen")
+    model = tiny_lm(d / "tiny-llama", "llama")
+    server = Server(["-m", str(model), "--set", "serve.max_wait_ms=20", "--set", "model.max_new_tokens=10"], d)
+    yield server, model, d
+    server.stop()
+
+
+def offline_answers(model, d):
+    """The same requests through an OpenAI batch file, offline."""
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "tiny-llama", "messages": [{"role": "user", "content": p}],
+                                  "max_tokens": 10, "temperature": 0}})
+             for i, p in enumerate(PROMPTS)]  # fmt: skip
+    (d / "req.jsonl").write_text("\n".join(lines) + "\n")
+    run_job(load_config(overrides={"source.paths": [str(d / "req.jsonl")], "model.name": str(model),
+                                   "sink.path": str(d / "offline"), "execution.progress": "none"}))  # fmt: skip
+    rows = [json.loads(x) for x in (d / "offline" / "_batch_output.jsonl").read_text().splitlines()]
+    by_id = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in rows}
+    return [by_id[f"r{i}"] for i in range(len(PROMPTS))]
+
+
+def test_chat_whole_streamed_and_concurrent_equal_the_offline_run(served):
+    server, model, d = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+    def ask(p):
+        r = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": p}],
+                                           max_tokens=10, temperature=0)  # fmt: skip
+        return r
+
+    with ThreadPoolExecutor(8) as pool:  # concurrent: merged into shared model calls
+        answers = list(pool.map(ask, PROMPTS))
+    assert [a.choices[0].message.content for a in answers] == offline_answers(model, d)
+    assert all(a.usage.completion_tokens <= 10 and a.model == "tiny-llama" for a in answers)
+
+    chunks = list(client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPTS[3]}],
+                                                 max_tokens=10, temperature=0, stream=True))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answers[3].choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant" and len(chunks) >= 3
+    assert chunks[-1].choices[0].finish_reason == answers[3].choices[0].finish_reason
+
+
+def test_text_completions_stream_with_usage_and_bad_requests_are_400(served):
+    server, _model, _d = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    whole = client.completions.create(model="tiny-llama", prompt="the lazy dog", max_tokens=6, temperature=0)
+    chunks = list(client.completions.create(model="tiny-llama", prompt="the lazy dog", max_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+    with pytest.raises(BadRequestError, match="only one completion per request"):
+        client.completions.create(model="tiny-llama", prompt="fox", n=2)
+    with pytest.raises(BadRequestError, match="over the model's context of 64"):
+        client.completions.create(model="tiny-llama", prompt=" ".join(WORDS * 6), max_tokens=4)
+    r = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny-llama", "input": "x"}, timeout=30)
+    assert r.status_code == 404 and "no embeddings" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/predict", json={"rows": [{"text": "x"}]}, timeout=30)
+    assert r.status_code == 404 and "/v1/chat/completions" in r.json()["error"]["message"]
