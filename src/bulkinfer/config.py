@@ -219,6 +219,9 @@ class ExecutionConfig(_Section):
     """Rebuild a corrupt ledger (commits.log) from the part and error files before running."""
     max_errors: int | None = Field(default=None, ge=0)
     """Stop (exit 1) once failed rows exceed this count; None: only max_error_rate applies."""
+    max_cost: float | None = Field(default=None, ge=0)
+    """Stop cleanly (commit what is in flight, exit 1) once the run's projected cost passes this, in
+    cost.currency (needs cost.instance or cost.instance_price_per_hour); a rerun resumes."""
     redact: bool = False
     """Keep input values out of error records, logs and reports (row number, id, stage and error type
     stay); serve withholds them from its answers too."""

@@ -14,6 +14,7 @@ names the file, the row or the field and says what to do. The CLI prints the mes
     │   └── JobMismatchError       the output holds a different job (config, model or input changed)
     ├── LedgerError                the ledger is corrupt; bulkinfer refuses rather than guess
     ├── ErrorBudgetExceeded        more rows failed than execution.max_errors / max_error_rate allow
+    ├── CostLimitReached           the run's projected cost passed execution.max_cost; stopped cleanly
     ├── QualityGateError           a lowered precision is too far from fp32 on the job's own rows
     ├── CheckFailed                a gate on committed output failed: drift past monitor.max_psi
     │                              (--fail-on-drift), or a compare --fail-if condition held
@@ -29,6 +30,7 @@ __all__ = [
     "CheckFailed",
     "ClusterError",
     "ConfigError",
+    "CostLimitReached",
     "ErrorBudgetExceeded",
     "Interrupted",
     "JobMismatchError",
@@ -89,6 +91,11 @@ class LedgerError(BulkinferError):
 
 class ErrorBudgetExceeded(BulkinferError):
     """More rows failed than the error budget allows; the failed rows are in ``_errors/``."""
+
+
+class CostLimitReached(BulkinferError):
+    """The run's projected cost passed ``execution.max_cost``: stopped after committing what was in
+    flight; rerun (with a raised limit) to resume."""
 
 
 class QualityGateError(BulkinferError):

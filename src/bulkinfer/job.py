@@ -25,7 +25,7 @@ from typing import Any
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
-from .errors import CheckFailed, ConfigError, ErrorBudgetExceeded, Interrupted
+from .errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .hardware import emulation_warning
 from .ledger import Ledger, OutputLedger, active_error_files, failed_rows
 from .lineage import Lineage
@@ -43,6 +43,7 @@ from .runners import make_runner
 from .sinks import Sink, make_sink
 from .sinks.exports import ExportTarget, make_exports, make_route_targets
 from .sources import Shard
+from .spend import CostGuard
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
@@ -124,6 +125,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         lineage = Lineage(job.cfg, plan, job.model, str(sink.out_dir))
         lineage.start()
         stats, committed = resume(job.cfg, ledger, plan)
+        guard = CostGuard(job.cfg, stats, stop)
         exports, route_targets = make_exports(job.cfg), make_route_targets(job.cfg)
         every_target = exports + [t for ts in route_targets.values() for t in ts]
         # execute
@@ -132,13 +134,16 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
             for target in every_target:  # a target that is down is one line before any inference
                 target.start(plan, job.cfg.passthrough_columns)
             done = execute(
-                job, plan, ledger, sink, stats, committed, stop, exports, route_targets, retry_errors=retry_errors
-            )
+                job, plan, ledger, sink, stats, committed, stop, exports, route_targets,
+                retry_errors=retry_errors, on_commit=guard.check,
+            )  # fmt: skip
             if done:
                 for target in every_target:
                     target.complete()
         except Interrupted:
             status = "interrupted"
+            if guard.tripped:
+                raise CostLimitReached(f"{sink.out_dir}: {guard.tripped}") from None
             raise
         except BaseException as exc:
             status, failure = "failed", f"{type(exc).__name__}: {exc}"
@@ -267,6 +272,7 @@ def execute(
     route_targets: dict[str, list[ExportTarget]] | None = None,
     *,
     retry_errors: bool = False,
+    on_commit: Callable[[], None] = lambda: None,
 ) -> bool:
     """Run what is left of ``plan`` on the configured backend; True when every planned row is committed."""
     # every reader (local threads, Ray workers) converts to the plan's types
@@ -320,7 +326,7 @@ def execute(
             with _running(stats, stop, cfg, ledger.out_dir) as progress:
                 runner.on_progress = progress.update
                 for shards, commit, rows in passes:
-                    commit.on_commit = progress.update
+                    commit.on_commit = _both(progress.update, on_commit)
                     runner.run(shards, commit, rows)
                     if stop.is_set():
                         break
@@ -329,6 +335,14 @@ def execute(
         finally:
             runner.close()
     return not remaining_work(plan.shards, ledger.commits())
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        first()
+        second()
+
+    return call
 
 
 def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp:

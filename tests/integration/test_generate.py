@@ -159,3 +159,32 @@ def test_chat_messages_with_a_json_schema_expand_into_typed_columns(tmp_path):
              {"role": "user", "content": f"{t['product'][0]}: {t['text'][0]}"}]  # fmt: skip
     prompt = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True)
     assert out["prompt_tokens"][0].as_py() == len(tok(prompt, add_special_tokens=False)["input_ids"])
+
+
+def test_tokens_are_reported_and_max_cost_stops_the_job_cleanly(tmp_path):
+    import json
+
+    from bulkinfer.errors import CostLimitReached
+
+    model = tiny_lm(tmp_path / "gpt2", "gpt2")
+    write(prompts_table(40), tmp_path / "in.parquet")
+    over = {"source.paths": [str(tmp_path / "in.parquet")], "model.name": str(model), "source.id_column": "id",
+            "model.text_column": "text", "model.max_new_tokens": 6, "sink.path": str(tmp_path / "out"),
+            "source.shard_rows": 5, "execution.progress": "none", "cost.instance_price_per_hour": 3600.0}  # fmt: skip
+    with pytest.raises(CostLimitReached, match=r"projected cost [\d.]+ USD is over execution.max_cost = 0.01 USD"):
+        run_job(load_config(overrides={**over, "execution.max_cost": 0.01}))  # a second of this machine costs 1
+    first = json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())
+    assert first["status"] == "interrupted" and 0 < first["rows_out"] < 40
+    done_first = set(read_output(tmp_path / "out")["id"].to_pylist())
+    result = run_job(load_config(overrides=over))  # the rerun resumes: every row exactly once
+    out = read_output(tmp_path / "out")
+    assert sorted(out["id"].to_pylist()) == list(range(40))
+    tokens, cost = result.report["tokens"], result.report["cost"]
+    rerun = [r for r in out.to_pylist() if r["id"] not in done_first]  # the rows this run generated
+    assert tokens["completion"] == sum(r["completion_tokens"] for r in rerun)
+    assert tokens["prompt"] == sum(r["prompt_tokens"] for r in rerun)
+    firsts = sum(r["completion_tokens"] for r in out.to_pylist() if r["id"] in done_first)
+    assert first["tokens"]["completion"] >= firsts  # the first run's tokens, work lost to the stop included
+    total = tokens["prompt"] + tokens["completion"]
+    assert cost["per_million_tokens"] == pytest.approx(cost["run"] / total * 1e6, rel=1e-3)
+    assert tokens["completion_per_s"] == pytest.approx(tokens["completion"] / result.report["run_s"], rel=1e-2)

@@ -42,6 +42,8 @@ class RunStats:
     shards_committed: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    prompt_tokens: int = 0  # generation: the prompts' tokens of the rows answered this run
+    completion_tokens: int = 0  # generation: the tokens generated for them
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wait_for_input_s: float = 0.0
     batch_sizes: Counter[int] = field(default_factory=Counter)
@@ -67,6 +69,11 @@ class RunStats:
             self.batch_sizes[rows] += 1
             self.tokens += tokens
             self.padded_tokens += padded
+
+    def add_generated(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
 
     def add_rows(self, *, rows_in: int = 0, rows_out: int = 0, failed: int = 0, shards: int = 0) -> None:
         with self._lock:
@@ -102,6 +109,8 @@ class RunStats:
                 "rows_inferred": self.rows_inferred,
                 "tokens": self.tokens,
                 "padded_tokens": self.padded_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
                 "batch_sizes": dict(self.batch_sizes),
                 "rows_reused": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
@@ -115,6 +124,8 @@ class RunStats:
             self.rows_inferred += figures["rows_inferred"]
             self.tokens += figures["tokens"]
             self.padded_tokens += figures["padded_tokens"]
+            self.prompt_tokens += figures.get("prompt_tokens", 0)
+            self.completion_tokens += figures.get("completion_tokens", 0)
             self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
             self.rows_reused += figures.get("rows_reused", 0)
             self.rows_deduplicated += figures.get("rows_deduplicated", 0)
@@ -193,5 +204,30 @@ class RunStats:
                 "currency": currency,
                 "run": round(cost_run, 6),
                 "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
+                **self._token_costs(cost_run),
             },
+            **self._tokens(wall),
+        }
+
+    def _tokens(self, wall: float) -> dict[str, Any]:
+        """Generation: tokens in and out this run, and the rate they were generated at."""
+        if not (self.prompt_tokens or self.completion_tokens):
+            return {}
+        return {
+            "tokens": {
+                "prompt": self.prompt_tokens,
+                "completion": self.completion_tokens,
+                "completion_per_s": round(self.completion_tokens / wall, 2),
+                "total_per_s": round((self.prompt_tokens + self.completion_tokens) / wall, 2),
+            }
+        }
+
+    def _token_costs(self, cost_run: float) -> dict[str, Any]:
+        total = self.prompt_tokens + self.completion_tokens
+        if not total:
+            return {}
+        per_completion = cost_run / self.completion_tokens * 1e6 if self.completion_tokens else None
+        return {
+            "per_million_tokens": round(cost_run / total * 1e6, 6),
+            "per_million_completion_tokens": None if per_completion is None else round(per_completion, 6),
         }

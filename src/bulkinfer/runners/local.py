@@ -380,6 +380,8 @@ class LocalRunner:
                     f"output {name!r} has {len(arr)} values for a batch of {n} rows; "
                     "an adapter must return one value per row"
                 )
+        if "completion_tokens" in out and "prompt_tokens" in out:  # a generation model's tokens in and out
+            self.stats.add_generated(_total(out["prompt_tokens"]), _total(out["completion_tokens"]))
         return out
 
     def _shrink(self, part: np.ndarray, exc: BaseException) -> None:
@@ -623,3 +625,9 @@ def _drain(q: queue.Queue[Any], producer: threading.Thread) -> None:
     while producer.is_alive():
         with contextlib.suppress(queue.Empty):
             q.get(timeout=0.05)
+
+
+def _total(column: pa.Array) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(column).as_py() or 0)
