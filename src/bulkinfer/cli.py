@@ -100,7 +100,13 @@ def run(
         list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")
     ] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")] = None,
-    output_format: Annotated[str | None, typer.Option("--format", help="parquet, jsonl or csv.")] = None,
+    output_format: Annotated[
+        str | None, typer.Option("--format", help="Output format: parquet, jsonl, csv or openai-batch.")
+    ] = None,
+    input_format: Annotated[
+        str | None,
+        typer.Option(help="Input format (default: from each file's extension; OpenAI batch files are detected)."),
+    ] = None,
     batch_size: Annotated[int | None, typer.Option(help="Maximum rows per model call.")] = None,
     shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
     limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
@@ -109,6 +115,15 @@ def run(
         str | None, typer.Option(help='Generation models: each row\'s prompt, e.g. "Summarise: {text}".')
     ] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Generation models: tokens per row at most.")] = None,
+    json_schema: Annotated[
+        str | None, typer.Option(help="Generation models: a JSON schema file every completion must satisfy.")
+    ] = None,
+    expand_json: Annotated[
+        bool, typer.Option("--expand-json", help="With --json-schema: the JSON's fields become typed columns.")
+    ] = False,
+    max_cost: Annotated[
+        float | None, typer.Option(help="Stop cleanly (exit 1) once the run's projected cost passes this.")
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
     ] = None,
@@ -153,6 +168,10 @@ def run(
         "model.options.k": k,
         "model.prompt_template": prompt_template,
         "model.max_new_tokens": max_new_tokens,
+        "model.json_schema": json_schema,
+        "model.expand_json": expand_json or None,
+        "source.format": input_format,
+        "execution.max_cost": max_cost,
         "execution.overwrite": overwrite or None,
         "execution.repair": repair or None,
         "execution.progress": progress,
