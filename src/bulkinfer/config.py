@@ -117,14 +117,17 @@ class ModelConfig(_Section):
     constrained decoding."""
     expand_json: bool = False
     """Generation models with json_schema: the JSON's top-level fields also become typed output columns."""
+    ignore_eos: bool = False
+    """Generation models: always generate max_new_tokens, EOS or not (benchmarks; as vLLM's ignore_eos)."""
     served_name: str | None = None
     """The model's name in OpenAI requests (body.model) and responses; default: the model directory's name."""
 
 
 class RuntimeConfig(_Section):
-    engine: Literal["auto", "torch", "onnxruntime"] = "auto"
+    engine: Literal["auto", "torch", "onnxruntime", "vllm"] = "auto"
     """Inference engine for neural models: onnxruntime (exported once, cached on disk), torch, or auto:
-    onnxruntime on CPU in fp32/int8, torch for bf16 and on GPUs."""
+    onnxruntime on CPU in fp32/int8, torch for bf16 and on GPUs. Generation models: transformers, or vllm
+    (GPU; pip install bulkinfer[vllm])."""
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     """fp32; bf16 (torch engine, CPUs with bf16 or GPUs); int8 (onnxruntime, per-channel weights)."""
     cache_dir: str | None = None

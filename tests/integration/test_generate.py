@@ -188,3 +188,20 @@ def test_tokens_are_reported_and_max_cost_stops_the_job_cleanly(tmp_path):
     total = tokens["prompt"] + tokens["completion"]
     assert cost["per_million_tokens"] == pytest.approx(cost["run"] / total * 1e6, rel=1e-3)
     assert tokens["completion_per_s"] == pytest.approx(tokens["completion"] / result.report["run_s"], rel=1e-2)
+
+
+def test_engine_choices_for_generation_models_are_one_line_errors(tmp_path):
+    from bulkinfer.errors import ConfigError, ModelError
+
+    model = tiny_lm(tmp_path / "llama", "llama")
+    write(prompts_table(3), tmp_path / "in.parquet")
+    base = {"source.paths": [str(tmp_path / "in.parquet")], "model.name": str(model), "model.text_column": "text",
+            "sink.path": str(tmp_path / "out"), "execution.progress": "none"}  # fmt: skip
+    with pytest.raises(ConfigError, match="generation models run on transformers"):
+        run_job(load_config(overrides={**base, "runtime.engine": "onnxruntime"}))
+    try:
+        import vllm  # noqa: F401
+    except ImportError:  # no vLLM here (CPU): the job says how to get it, nothing is written
+        with pytest.raises(ModelError, match=r"vLLM is not installed .*pip install 'bulkinfer\[vllm\]'"):
+            run_job(load_config(overrides={**base, "runtime.engine": "vllm"}))
+        assert not list((tmp_path / "out").glob("part-*"))

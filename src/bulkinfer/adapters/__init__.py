@@ -163,9 +163,16 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     if model.kind == "generate":
         from .generate import GenerateAdapter
 
-        if cfg.runtime.precision != "fp32":
-            raise ConfigError("runtime.precision: generation models run in fp32 here (bf16/int8 are for embeddings)")
-        return GenerateAdapter(model.location, m, requests=cfg.source.format == "openai-batch")
+        requests = cfg.source.format == "openai-batch"
+        if cfg.runtime.engine == "vllm":
+            from .vllm_generate import VllmGenerateAdapter
+
+            return VllmGenerateAdapter(model.location, m, requests=requests)
+        if cfg.runtime.engine == "onnxruntime":
+            raise ConfigError("runtime.engine: generation models run on transformers (auto) or vllm")
+        if cfg.runtime.precision not in ("fp32", "bf16"):
+            raise ConfigError("runtime.precision: generation models run in fp32 or bf16 (int8 is for embeddings)")
+        return GenerateAdapter(model.location, m, requests=requests, precision=cfg.runtime.precision)
     if cfg.source.format == "openai-batch":
         raise ConfigError(
             f"source.format: an OpenAI batch file needs a generation or text-embedding model, not a {model.kind} one"

@@ -103,8 +103,8 @@ class _Prompts:
 class GenerateAdapter(Adapter):
     """One completion per row or per request (see the module docstring)."""
 
-    def __init__(self, model_path: str, m: ModelConfig, requests: bool = False) -> None:
-        self.model_path, self.requests = model_path, requests
+    def __init__(self, model_path: str, m: ModelConfig, requests: bool = False, precision: str = "fp32") -> None:
+        self.model_path, self.requests, self.precision = model_path, requests, precision
         self.served_name = m.served_name or Path(model_path).name
         self.names = list(dict.fromkeys([self.served_name, m.name, model_path]))
         self.messages = [dict(x) for x in m.messages]
@@ -123,6 +123,7 @@ class GenerateAdapter(Adapter):
         self.chat_template = m.chat_template
         self.max_tokens, self.stop = m.max_new_tokens, tuple(s for s in m.stop if s)
         self.temperature, self.top_p, self.seed = m.temperature, m.top_p, m.seed
+        self.ignore_eos = m.ignore_eos
         self.schema = _load_schema(m.json_schema)
         self.grammar: str | None = None
         if self.schema is not None:
@@ -146,19 +147,30 @@ class GenerateAdapter(Adapter):
 
     def setup(self, ctx: SetupContext) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from ..llm.constrain import Grammars
 
         torch.set_num_threads(ctx.threads)
+        self.load_tokenizer()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise ModelError(f"model {self.model_path}: cannot load the causal language model ({exc})") from exc
         self.model.to(ctx.device).eval()
         self.device = ctx.device
-        tok = self.tokenizer
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self.grammars = Grammars(self.tokenizer, int(self.model.config.vocab_size))
+
+    def load_tokenizer(self) -> None:
+        """The tokenizer the reader thread tokenizes with (and the chat template it renders)."""
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = tok = AutoTokenizer.from_pretrained(self.model_path)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"model {self.model_path}: cannot load its tokenizer ({exc})") from exc
         tok.padding_side = "left"
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
@@ -169,8 +181,6 @@ class GenerateAdapter(Adapter):
                 f"model.messages: the tokenizer of {self.model_path} has no chat template; "
                 "set model.chat_template or use model.prompt_template"
             )
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
-        self.grammars = Grammars(tok, int(self.model.config.vocab_size))
 
     # -- reader thread -------------------------------------------------------------------
     def preprocess(self, table: pa.Table) -> _Prompts:
@@ -203,11 +213,11 @@ class GenerateAdapter(Adapter):
         else:
             prompt, chat = render(str(self.template), row), False
         seed = self._row_seed(prompt)
-        return (
-            self._encode(prompt, chat),
-            Sampling(self.max_tokens, self.temperature, self.top_p, seed, self.stop, self.grammar),
-            "",
-        )
+        p = Sampling(
+            self.max_tokens, self.temperature, self.top_p, seed, self.stop, self.ignore_eos, self.grammar,
+            json.dumps(self.schema) if self.schema is not None else None,
+        )  # fmt: skip
+        return self._encode(prompt, chat), p, ""
 
     def _request(self, row: Mapping[str, Any]) -> tuple[list[int], Any, str]:
         from ..llm.decode import Sampling
@@ -234,7 +244,9 @@ class GenerateAdapter(Adapter):
             prompt, chat = str(req.prompt), False
         grammar = self._grammar(req.schema) if req.schema is not None else None
         seed = req.seed if req.seed is not None else self._row_seed(f"{row['custom_id']}\0{prompt}")
-        params = Sampling(req.max_tokens or self.max_tokens, req.temperature, req.top_p, seed, req.stop, grammar)
+        limit = req.max_tokens or self.max_tokens
+        schema = json.dumps(req.schema) if req.schema is not None else None
+        params = Sampling(limit, req.temperature, req.top_p, seed, req.stop, grammar=grammar, schema=schema)
         return self._encode(prompt, chat), params, url
 
     def _grammar(self, schema: dict[str, Any]) -> str:
@@ -293,6 +305,10 @@ class GenerateAdapter(Adapter):
                     listener(generated, done)
 
         out = decode(self.model, self.tokenizer, batch.ids, batch.params, self.device, self.grammars.matcher, on_token)
+        return self.columns(batch, out)
+
+    def columns(self, batch: _Prompts, out: list[Any]) -> dict[str, Any]:
+        """The output columns of a batch's completions (``llm.decode.Generated``)."""
         prompt_tokens = [len(x) for x in batch.ids]
         used = [g.completion_tokens for g in out]
         if self.requests:

@@ -64,6 +64,8 @@ def load_engine(
 
 def choose_engine(engine: str, precision: str, device: str) -> str:
     """Resolve ``runtime.engine = auto`` and refuse combinations no engine runs."""
+    if engine == "vllm":
+        raise ConfigError("runtime.engine: vllm runs generation models; embeddings run on torch or onnxruntime")
     if engine == "auto":
         engine = "torch" if precision == "bf16" or not device.startswith("cpu") else "onnxruntime"
     if engine == "torch" and precision == "int8":

@@ -31,8 +31,12 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Generate ``max_tokens`` every time, EOS or not (benchmarks)."""
     grammar: str | None = None
     """An llguidance grammar (see :func:`.constrain.schema_grammar`): only tokens it allows are drawn."""
+    schema: str | None = None
+    """The JSON schema (as text) the grammar was made from: what other engines (vLLM) take."""
 
 
 @dataclass
@@ -143,7 +147,7 @@ def _advance(row: _Row, token: int, eos: int | None, tokenizer: Any) -> None:
     """Take ``token`` into ``row``; mark it done at EOS, a stop string, a complete grammar or max_tokens."""
     out, p = row.out, row.params
     out.completion_tokens += 1
-    if token == eos:
+    if token == eos and not p.ignore_eos:
         row.done, out.finish_reason = True, "stop"
         out.text = _text(tokenizer, out.tokens, p.stop)[0]
         return
