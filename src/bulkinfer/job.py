@@ -169,7 +169,7 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
                 from .llm.batch_files import write_batch_files
 
                 commits = ledger.commits()
-                parts = [c.file for c in commits if c.file]
+                parts = sorted(c.file for c in commits if c.file)  # in shard order
                 write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
             ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
             lineage.complete(report, stats.output.schema)

@@ -628,6 +628,4 @@ def _drain(q: queue.Queue[Any], producer: threading.Thread) -> None:
 
 
 def _total(column: pa.Array) -> int:
-    import pyarrow.compute as pc
-
     return int(pc.sum(column).as_py() or 0)
