@@ -15,8 +15,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session", autouse=True)
 def _compile_cache(tmp_path_factory: pytest.TempPathFactory):
-    """Compiled (ONNX) models go to a cache of this test session, not the user's ~/.cache."""
-    os.environ["BULKINFER_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))
+    """Compiled (ONNX) models go to a cache of this test session, not the user's ~/.cache. The
+    xdist workers of one session share it (an entry is built aside and renamed into place, so
+    two workers building the same entry is safe): each model is exported once per session."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "compile-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("compile-cache")
+    os.environ["BULKINFER_CACHE"] = str(cache)
     yield
 
 

@@ -169,7 +169,7 @@ def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path):
 
 
 def test_sigterm_on_the_bundled_model_exits_75_within_10s(tmp_path):
-    write(make_catalog(1500, seed=2), tmp_path / "in.parquet")
+    write(make_catalog(900, seed=2), tmp_path / "in.parquet")
     args = [
         "-i",
         "in.parquet",
@@ -189,7 +189,7 @@ def test_sigterm_on_the_bundled_model_exits_75_within_10s(tmp_path):
         "out",
     ]
     proc = _start(args, tmp_path)
-    wait_commits(tmp_path / "out", 1, proc)  # the first shard is in; 1200 rows (seconds of work) remain
+    wait_commits(tmp_path / "out", 1, proc)  # the first shard is in; 600 rows (seconds of work) remain
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=30)
@@ -199,8 +199,8 @@ def test_sigterm_on_the_bundled_model_exits_75_within_10s(tmp_path):
         json.loads(line.split(" ", 1)[1])
         for line in (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().splitlines()
     ]
-    assert sum(c["stop"] - c["start"] for c in commits) < 1500
+    assert sum(c["stop"] - c["start"] for c in commits) < 900
     for c in commits:  # a partial commit covers whole windows of its shard
         assert c["stop"] % 300 == 0 or (c["stop"] - c["start"]) % 64 == 0
     cli("run", *args, cwd=tmp_path, check=True)
-    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(1500))
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(900))

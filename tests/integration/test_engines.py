@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,8 +67,9 @@ def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_p
 
 @pytest.fixture(scope="module")
 def int8_cache(tmp_path_factory):
-    """One cache for the int8 tests: the model is exported and quantized once."""
-    return tmp_path_factory.mktemp("int8-cache")
+    """The session's compile cache: the model is exported and quantized once for every test
+    (bulkinfer tune's quantizes the same model)."""
+    return Path(os.environ["BULKINFER_CACHE"])
 
 
 def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cache, caplog):

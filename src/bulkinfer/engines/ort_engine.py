@@ -87,8 +87,14 @@ def _export(model_dir: str, out: Path) -> None:
         )
 
 
-def _build(model_dir: str, precision: str, entry: Path) -> None:
+def _build(model_dir: str, precision: str, entry: Path, fp32_entry: Path | None = None) -> None:
+    """Export, optimize (and for int8 quantize) into a temporary folder, then rename it to
+    ``entry``. int8 quantizes the fp32 entry's model (``fp32_entry``, built first when missing),
+    so trying both precisions (``bulkinfer tune``) exports the model once."""
     import onnxruntime as ort
+
+    if precision == "int8" and fp32_entry is not None and not (fp32_entry / "model.onnx").is_file():
+        _build(model_dir, "fp32", fp32_entry)
 
     entry.parent.mkdir(parents=True, exist_ok=True)
     for stale in entry.parent.glob(".build-*"):  # left by a build that was killed
@@ -97,13 +103,16 @@ def _build(model_dir: str, precision: str, entry: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=entry.parent))
     try:
         t0 = time.perf_counter()
-        raw = work / "raw.onnx"
-        _export(model_dir, raw)
         optimized = work / "model.onnx" if precision == "fp32" else work / "fp32.onnx"
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = str(optimized)
-        ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+        if precision == "int8" and fp32_entry is not None:
+            shutil.copyfile(fp32_entry / "model.onnx", optimized)
+        else:
+            raw = work / "raw.onnx"
+            _export(model_dir, raw)
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            so.optimized_model_filepath = str(optimized)
+            ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -154,7 +163,7 @@ class OrtEngine:
         self.cache_hit = (entry / "model.onnx").is_file()
         if not self.cache_hit:
             try:
-                _build(model_dir, precision, entry)
+                _build(model_dir, precision, entry, cache_entry(cache_dir, model_digest, "fp32"))
             except (OSError, RuntimeError, ValueError) as exc:
                 raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc
         self.path = entry / "model.onnx"
