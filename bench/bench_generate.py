@@ -37,9 +37,10 @@ def build_model(path: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(get_model_path())
     tok.bos_token, tok.eos_token = tok.cls_token, tok.sep_token
     torch.manual_seed(0)
+    special = {"bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id, "pad_token_id": tok.pad_token_id}
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
                       num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
-                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+                      **special)  # fmt: skip
     model = LlamaForCausalLM(cfg)
     model.eval().save_pretrained(path)
     tok.save_pretrained(path)
@@ -52,6 +53,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
     from bulkinfer import load_config, run_job
+
     from helpers import make_catalog, read_output, write
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
@@ -84,8 +86,8 @@ def main() -> None:
         ours = time.perf_counter() - t0
         out = read_output(work / "out").sort_by("id")
         assert out.num_rows == n and set(out["completion_tokens"].to_pylist()) == {max_tokens}
-        print(f"bulkinfer (batch {batch}): {ours:.1f} s, {tokens / ours:.0f} tokens/s "
-              f"(report: {result.report['tokens']['completion_per_s']:.0f} completion tokens/s over run_s)")  # fmt: skip
+        rate = result.report["tokens"]["completion_per_s"]
+        print(f"bulkinfer (batch {batch}): {ours:.1f} s, {tokens / ours:.0f} tokens/s (report: {rate:.0f} over run_s)")
 
         # transformers pipeline, batch_size=16
         tok.padding_side = "left"
@@ -104,7 +106,8 @@ def main() -> None:
             ids = tok(prompts[i], return_tensors="pt")["input_ids"]
             with torch.inference_mode():
                 gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                     min_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
+                                     min_new_tokens=max_tokens, do_sample=False,
+                                     pad_token_id=tok.pad_token_id)  # fmt: skip
             loop_text.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         looped = (time.perf_counter() - t0) * n / len(sample)
         print(f"model.generate loop (measured on {len(sample)} prompts): {tokens / looped:.0f} tokens/s")
