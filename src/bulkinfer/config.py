@@ -175,8 +175,9 @@ class RuntimeConfig(_Section):
 class SinkConfig(_Section):
     path: str = ""
     """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
-    format: Literal["parquet", "jsonl", "csv", "openai-batch"] = "parquet"
-    """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines."""
+    format: Literal["parquet", "jsonl", "csv", "openai-batch", "delta"] = "parquet"
+    """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines;
+    delta: the folder is a Delta Lake table, each part added in an idempotent commit."""
     keep_columns: list[str] = Field(default_factory=list)
     """Input columns copied to the output next to the results (the id column always is)."""
     preserve_order: bool = True

@@ -237,7 +237,12 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         rebuilt = rebuild_ledger(ledger)
         log.info("rebuilt the ledger from %d committed file(s)", len(rebuilt))
     committed = ledger.commits()
-    removed = ledger.remove_uncommitted(committed)
+    in_table: set[str] = set()
+    if cfg.sink.format == "delta":  # parts a Delta commit added stay, even before their ledger line
+        from .sinks.delta import table_files
+
+        in_table = table_files(ledger.out_dir)
+    removed = ledger.remove_uncommitted(committed, in_table)
     if removed:
         log.info("removed %d uncommitted file(s) left by an earlier run", len(removed))
     todo = remaining_work(plan.shards, committed)

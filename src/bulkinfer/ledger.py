@@ -104,8 +104,18 @@ def _write_atomic(path: Path, text: str, crash_at: str | None = None) -> None:
     write_bytes(path.parent, path.name, text.encode("utf-8"), 0, crash_at=crash_at, what="it")
 
 
+_DERIVED = ("_delta_log", "_batch_output.jsonl", "_batch_errors.jsonl")  # a Delta sink's log, Batch API files
+
+
 def _is_ours(name: str) -> bool:
-    return name.startswith(("part-", ".part-", "._SUCCESS")) or name in (SUCCESS, PRIVATE, ERRORS)
+    return name.startswith(("part-", ".part-", "._SUCCESS")) or name in (
+        SUCCESS,
+        PRIVATE,
+        ERRORS,
+        "_delta_log",
+        "_batch_output.jsonl",
+        "_batch_errors.jsonl",
+    )
 
 
 class OutputLedger(Protocol):
@@ -125,7 +135,7 @@ class OutputLedger(Protocol):
         """Record ``record`` (built with :meth:`Commit.of`): from then on its rows are done."""
         ...
 
-    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]: ...
+    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]: ...
     def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
     def read_error_file(self, name: str) -> bytes: ...
     def delete_error_file(self, name: str) -> None: ...
@@ -276,10 +286,11 @@ class Ledger:
             os.close(fd)
         return record
 
-    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]:
-        """Delete temp files, parts and error files that no ledger line vouches for; return their names."""
+    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]:
+        """Delete temp files, parts and error files that no ledger line vouches for (nor ``keep``:
+        parts a Delta table's log holds); return their names."""
         committed = list(committed)
-        keep = {c.file for c in committed}
+        keep = {c.file for c in committed} | set(keep)
         keep_errors = set(active_error_files(committed))
         removed = []
         for p in self.out_dir.iterdir():

@@ -210,9 +210,9 @@ class ObjectLedger:
             )
         return record
 
-    def remove_uncommitted(self, committed: Iterable[Commit]) -> list[str]:
+    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]:
         committed = list(committed)
-        keep = {c.file for c in committed}
+        keep = {c.file for c in committed} | set(keep)
         keep_errors = set(active_error_files(committed))
         present = self.store.ls()
         for c in committed:  # a crash between a commit record and its copy: roll it forward

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from .base import Part, Published, Sink, Staged, StagedOutput
 from .files import ERRORS, EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
 
@@ -33,6 +34,12 @@ __all__ = [
 def make_sink(cfg: JobConfig) -> Sink:
     """The sink ``cfg.sink`` describes: a folder, or an object-store prefix (any fsspec URI)."""
     sk = cfg.sink
+    if sk.format == "delta":
+        if is_remote(sk.path):
+            raise ConfigError("sink.format: delta writes a table in a local or shared folder, not an object store")
+        from .delta import DeltaSink
+
+        return DeltaSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.compression)
     if is_remote(sk.path):
         from .objects import ObjectSink
 

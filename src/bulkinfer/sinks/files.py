@@ -37,7 +37,7 @@ __all__ = [
     "write_part",
 ]
 
-EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl"}
+EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl", "delta": ".parquet"}
 ERRORS = "_errors"
 
 
@@ -61,7 +61,7 @@ def _jsonable(table: pa.Table) -> pa.Table:
 def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
     """The bytes of ``table`` in the output format."""
     buf = io.BytesIO()
-    if fmt == "parquet":
+    if fmt in ("parquet", "delta"):  # a Delta table's data files are Parquet
         pq.write_table(table, buf, compression=compression)
     elif fmt == "csv":
         pacsv.write_csv(_jsonable(table), buf)
@@ -80,7 +80,7 @@ def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
 
 def deserialize(data: bytes, fmt: str) -> pa.Table:
     """The table in a part's bytes (JSONL and CSV with inferred types: CSV vectors come back as text)."""
-    if fmt == "parquet":
+    if fmt in ("parquet", "delta"):
         return pq.read_table(io.BytesIO(data))
     if fmt == "csv":
         return pacsv.read_csv(io.BytesIO(data))
