@@ -26,6 +26,7 @@ def main() -> None:
     from deltalake import DeltaTable
 
     from bulkinfer import load_config, run_job
+
     from helpers import read_output, tabular_table, train_classifier, write
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 400_000
