@@ -74,6 +74,14 @@ def isa_key() -> str:
     return f"{c['arch']}:{'+'.join(c['features']) or 'baseline'}"
 
 
+def int8_scheme() -> dict[str, bool]:
+    """How int8 weights are quantized for this CPU: on x86 without VNNI the u8s8 kernels add
+    pairs of products in 16 bits, which saturate with 8-bit weights, so weights use 7 bits
+    (``reduce_range``); measured on an AVX2 machine: min cosine to fp32 0.981 -> 0.986, same speed."""
+    x86 = cpu()["arch"] in ("x86_64", "AMD64", "i686")
+    return {"reduce_range": x86 and not has("avx512_vnni", "avx_vnni", "amx_int8")}
+
+
 def emulation_warning(device: str, precision: str) -> str | None:
     """One line when ``precision`` runs emulated or on weak kernels on this CPU (None: it fits)."""
     arch = cpu()["arch"]
@@ -87,7 +95,7 @@ def emulation_warning(device: str, precision: str) -> str | None:
         )
     if precision == "int8" and x86 and not has("avx512_vnni", "avx_vnni", "amx_int8"):
         return (
-            f"runtime.precision = int8: this CPU ({isa_key()}) has no VNNI dot-product instructions; int8 runs on "
-            "kernels whose sums saturate (gate figures lower than on VNNI machines); the quality gate decides"
+            f"runtime.precision = int8: this CPU ({isa_key()}) has no VNNI dot-product instructions; int8 weights use "
+            "7 bits so its kernels do not saturate (gate figures lower than on VNNI machines); the quality gate decides"
         )
     return None

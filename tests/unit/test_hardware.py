@@ -32,6 +32,8 @@ def test_features_and_warnings_per_machine_kind(monkeypatch, text, arch, feature
         assert "emulated" in bf16 and "use fp32" in bf16 and hardware.isa_key() in bf16
     assert hardware.emulation_warning("cpu", "fp32") is None
     assert hardware.emulation_warning("cuda:0", "bf16") is None
+    # int8 weights in 7 bits exactly where the kernels saturate: x86 without VNNI
+    assert hardware.int8_scheme() == {"reduce_range": arch == "x86_64" and "avx512_vnni" not in features}
 
 
 def test_this_machine_is_described_in_the_report_format():

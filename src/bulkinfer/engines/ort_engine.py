@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError
+from ..hardware import int8_scheme, isa_key
 
 __all__ = ["OPSET", "OrtEngine", "cache_entry"]
 
@@ -45,10 +46,9 @@ def _versions() -> dict[str, str]:
 
 def cache_entry(cache_dir: Path, model_digest: str, precision: str) -> Path:
     """Where the compiled model for (model, precision, opset, library versions) lives."""
-    from ..hardware import isa_key
-
+    scheme = int8_scheme() if precision == "int8" else {}
     body = json.dumps(
-        {"model": model_digest, "precision": precision, "opset": OPSET, "isa": isa_key(), **_versions()},
+        {"model": model_digest, "precision": precision, "opset": OPSET, "isa": isa_key(), **scheme, **_versions()},
         sort_keys=True,
     )
     return cache_dir / "onnx" / hashlib.sha256(body.encode()).hexdigest()[:20]
@@ -113,17 +113,26 @@ def _build(model_dir: str, precision: str, entry: Path, fp32_entry: Path | None 
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             so.optimized_model_filepath = str(optimized)
             ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+        scheme = int8_scheme() if precision == "int8" else {}
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             # per-channel weights: per-tensor int8 is as fast but far off fp32 (cosine ~0.93 on MiniLM)
-            quantize_dynamic(str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+            quantize_dynamic(
+                str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True, **scheme
+            )
         for f in work.iterdir():
             if f.name != "model.onnx":
                 f.unlink()
         (work / "meta.json").write_text(
             json.dumps(
-                {"precision": precision, "opset": OPSET, **_versions(), "build_s": round(time.perf_counter() - t0, 2)}
+                {
+                    "precision": precision,
+                    "opset": OPSET,
+                    **_versions(),
+                    "build_s": round(time.perf_counter() - t0, 2),
+                    **scheme,
+                }
             )
         )
         try:
