@@ -111,10 +111,14 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
     if dumped["model"]["prompt_template"] is not None or dumped["model"]["kind"] == "generate":
         generation = ("prompt_template", "max_new_tokens", "stop", "temperature", "top_p", "seed")
         identity.update({f"model.{k}": dumped["model"][k] for k in generation})
+        later = ("messages", "chat_template", "json_schema", "expand_json", "ignore_eos", "served_name")
+        identity.update({f"model.{k}": dumped["model"][k] for k in later if dumped["model"][k]})  # absent at defaults
     # what an incremental run reuses, and the output's shape (absent at their defaults)
     for key in ("version", "snapshot_id", "as_of"):  # the snapshot of a Delta or Iceberg source
         if dumped["source"][key] is not None:
             identity[f"source.{key}"] = dumped["source"][key]
+    if dumped["runtime"]["int8_fp32_groups"] is not None:
+        identity["runtime.int8_fp32_groups"] = dumped["runtime"]["int8_fp32_groups"]
     if dumped["source"]["catalog"]:
         identity["source.catalog"] = dumped["source"]["catalog"]
     if dumped["source"]["previous"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,16 +149,94 @@ def job_quality_gate(
     cached = ledger.read_private("quality.json")
     if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
         return cached
-    reference = build_adapter(cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})}), model)
+    fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})})
+    reference = build_adapter(fp32_cfg, model)
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
-    figures = quality_gate(
-        adapter,
-        reference,
-        sample,
-        batch_size=rt.rows_per_call,
-        floor=rt.quality_floor,
-        precision=rt.precision,
-        threads=rt.threads or available_cpus(),
-    )
+    threads = rt.threads or available_cpus()
+    try:
+        figures = quality_gate(
+            adapter,
+            reference,
+            sample,
+            batch_size=rt.rows_per_call,
+            floor=rt.quality_floor,
+            precision=rt.precision,
+            threads=threads,
+        )
+    except QualityGateError as failed:
+        if not _searchable(cfg, adapter):
+            raise
+        figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed)
     ledger.write_private("quality.json", figures)
+    return figures
+
+
+def _searchable(cfg: JobConfig, adapter: Adapter) -> bool:
+    from .adapters.text import TextEmbeddingAdapter
+
+    rt = cfg.runtime
+    return (
+        rt.precision == "int8"
+        and rt.int8_fp32_groups is None
+        and isinstance(adapter, TextEmbeddingAdapter)
+        and adapter.engine_name == "onnxruntime"
+    )
+
+
+def partial_int8(
+    adapter: Any, reference: Adapter, sample: pa.Table, cfg: JobConfig, digest: str, failed: QualityGateError
+) -> dict[str, Any]:
+    """Full int8 failed the gate: keep the fewest most-sensitive groups in fp32 that pass it
+    (:mod:`bulkinfer.engines.int8`), reload ``adapter`` with them, cache the choice; or raise
+    with every build tried when only fp32 would pass."""
+    import time
+
+    from .engines import default_cache_dir
+    from .engines.int8 import save_plan, search, sensitivities
+    from .hardware import int8_scheme
+
+    rt = cfg.runtime
+    threads = rt.threads or available_cpus()
+    reference.setup(SetupContext(threads=threads))
+    ref = run_adapter(reference, sample, rt.rows_per_call)["embedding"]
+    reference.close()
+    features = adapter.preprocess(sample.slice(0, 64))
+    batches = [adapter.select(features, np.arange(i, min(i + 16, len(features)))) for i in range(0, len(features), 16)]
+    sens = sensitivities(adapter._engine.fp32_path, batches, int8_scheme()["reduce_range"], threads)
+    order = sorted(sens, key=lambda g: -sens[g])
+    seconds: dict[int, float] = {}
+    found: dict[int, dict[str, float]] = {}
+
+    def score(keep: list[str]) -> float:
+        adapter.reload_engine(keep)
+        t0 = time.perf_counter()
+        got = run_adapter(adapter, sample, rt.rows_per_call)["embedding"]
+        seconds[len(keep)] = time.perf_counter() - t0
+        found[len(keep)] = compare_embeddings(np.stack(list(ref)), np.stack(list(got)))
+        return found[len(keep)]["mean_cosine"]
+
+    result = search(order, score, rt.quality_floor)
+    steps = [{**s, "seconds": round(seconds[s["fp32_groups"]], 3)} for s in result.steps]
+    figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": failed.figures.get("mean_cosine"),
+               "int8_search": steps, "sensitivity": {g: round(sens[g], 5) for g in order}}  # fmt: skip
+    if result.keep_fp32 is None:
+        adapter.reload_engine([])
+        tried = "; ".join(f"{s['fp32_groups']} of {len(order)} groups in fp32: {s['mean_cosine']}" for s in steps)
+        err = QualityGateError(
+            f"quality gate: int8 is too far from fp32 on {sample.num_rows} rows of this job even with its most "
+            f"sensitive parts kept in fp32 ({tried}; floor {rt.quality_floor}); use fp32, or lower "
+            "runtime.quality_floor if this is acceptable"
+        )
+        err.figures = {**figures, "passed": False}
+        raise err
+    keep = result.keep_fp32
+    adapter.reload_engine(keep)
+    figures.update(found[len(keep)])
+    figures.update({"passed": True, "int8_fp32_groups": keep})
+    cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
+    save_plan(cache, digest, rt.quality_floor, {"fp32_groups": keep, **figures})
+    log.info(
+        "quality gate: full int8 failed (mean_cosine %s); with %s kept in fp32 it passes (mean_cosine %s)",
+        figures["full_int8_mean_cosine"], ", ".join(keep), figures["mean_cosine"],
+    )  # fmt: skip
     return figures

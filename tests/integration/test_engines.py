@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bulkinfer import ConfigError, QualityGateError, load_config, run_job
+from bulkinfer import ConfigError, load_config, run_job
 from bulkinfer.quality import compare_embeddings
 
 from helpers import make_catalog, read_output, write
@@ -90,12 +90,14 @@ def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cac
     assert ("no VNNI" in caplog.text) == (not has("avx512_vnni", "avx_vnni", "amx_int8", "neon"))
 
 
-def test_a_floor_the_precision_cannot_meet_is_refused_with_the_figures(corpus, int8_cache):
-    with pytest.raises(QualityGateError) as err:
-        _run(corpus, "strict", int8_cache, **{"runtime.precision": "int8", "runtime.quality_floor": 0.9999})
-    msg = str(err.value)
-    assert "int8 is too far from fp32 on 128 rows" in msg and "mean_cosine 0.99" in msg and "floor 0.9999" in msg
-    assert not any(p.name.startswith("part-") for p in (corpus / "strict").iterdir())  # nothing written
+def test_int8_with_named_blocks_in_fp32_is_closer_to_fp32(corpus, int8_cache):
+    keep = ["layer.0/output", "layer.1/output", "layer.2/output"]
+    full = _run(corpus, "full", int8_cache, **{"runtime.precision": "int8", "execution.limit_rows": 32})
+    part = _run(corpus, "part", int8_cache, **{"runtime.precision": "int8", "runtime.int8_fp32_groups": keep,
+                                               "execution.limit_rows": 32})  # fmt: skip
+    assert part.report["quality"]["mean_cosine"] > full.report["quality"]["mean_cosine"]
+    meta = [json.loads(m.read_text()) for m in (int8_cache / "onnx").glob("*/meta.json")]
+    assert any(m.get("fp32_groups") == sorted(keep) for m in meta)
 
 
 def test_impossible_engine_precision_pairs_are_config_errors(corpus, tmp_path):

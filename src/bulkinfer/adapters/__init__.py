@@ -149,6 +149,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             max_seq_length=m.max_seq_length,
             model_digest=model.digest,
             cache_dir=cfg.runtime.cache_dir,
+            int8_fp32_groups=_int8_groups(cfg, model),
         )
         if requests:
             from .embed_requests import EmbeddingRequests
@@ -194,6 +195,19 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
     columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
     return load_custom(model.location, columns, m.options)
+
+
+def _int8_groups(cfg: JobConfig, model: ResolvedModel) -> list[str] | None:
+    """int8's groups kept in fp32: the job's own, else what the gate's search chose earlier
+    for this model, machine kind and floor (cached beside the compiled models)."""
+    rt = cfg.runtime
+    if rt.int8_fp32_groups is not None or rt.precision != "int8":
+        return rt.int8_fp32_groups
+    from ..engines import default_cache_dir
+    from ..engines.int8 import cached_plan
+
+    cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
+    return cached_plan(cache, model.digest, rt.quality_floor)
 
 
 def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: bool = False) -> SetupContext:

@@ -103,8 +103,10 @@ class TextEmbeddingAdapter(Adapter):
         max_seq_length: int | None = None,
         model_digest: str = "",
         cache_dir: str | None = None,
+        int8_fp32_groups: Sequence[str] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.int8_fp32_groups = list(int8_fp32_groups or [])
         if not is_sentence_transformers_dir(self.model_dir):
             raise ModelError(f"{model_dir}: not a sentence-transformers directory (no modules.json)")
         self.text_column = text_column
@@ -122,8 +124,6 @@ class TextEmbeddingAdapter(Adapter):
     def setup(self, ctx: SetupContext) -> None:
         from transformers import AutoTokenizer
 
-        from ..engines import load_engine
-
         try:
             tok = AutoTokenizer.from_pretrained(str(self.layout.transformer_dir), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -131,6 +131,15 @@ class TextEmbeddingAdapter(Adapter):
         if self.max_seq_length is None:
             self.max_seq_length = min(int(tok.model_max_length), 512)
         self._tokenizer = tok
+        self._ctx = ctx
+        self.reload_engine(self.int8_fp32_groups)
+
+    def reload_engine(self, int8_fp32_groups: Sequence[str]) -> None:
+        """(Re)load the engine, int8 with ``int8_fp32_groups`` kept in fp32 (the gate's search)."""
+        from ..engines import load_engine
+
+        ctx = self._ctx
+        self.int8_fp32_groups = list(int8_fp32_groups)
         self._engine = load_engine(
             self.engine_name,
             str(self.layout.transformer_dir),
@@ -140,6 +149,7 @@ class TextEmbeddingAdapter(Adapter):
             model_digest=self.model_digest,
             cache_dir=self.cache_dir,
             spin=not ctx.online,
+            keep_fp32=self.int8_fp32_groups,
         )
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:

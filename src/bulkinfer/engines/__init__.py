@@ -8,6 +8,7 @@ normalisation stay in the adapter, so every engine gives the same embeddings.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +35,7 @@ def load_engine(
     model_digest: str = "",
     cache_dir: Path | None = None,
     spin: bool = True,
+    keep_fp32: Sequence[str] = (),
 ) -> TransformerEngine:
     """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``). ``spin``:
     let the engine's threads busy-wait between calls (onnxruntime; off for serving)."""
@@ -53,6 +55,7 @@ def load_engine(
                 model_digest=model_digest,
                 cache_dir=cache_dir or default_cache_dir(),
                 spin=spin,
+                keep_fp32=keep_fp32,
             )
         except ImportError as exc:
             raise ModelError(

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,12 @@ def _versions() -> dict[str, str]:
     }
 
 
-def cache_entry(cache_dir: Path, model_digest: str, precision: str) -> Path:
-    """Where the compiled model for (model, precision, opset, library versions) lives."""
-    scheme = int8_scheme() if precision == "int8" else {}
+def cache_entry(cache_dir: Path, model_digest: str, precision: str, keep_fp32: Sequence[str] = ()) -> Path:
+    """Where the compiled model for (model, precision, opset, library versions, groups kept
+    in fp32) lives."""
+    scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
+    if keep_fp32:
+        scheme["fp32_groups"] = sorted(keep_fp32)
     body = json.dumps(
         {"model": model_digest, "precision": precision, "opset": OPSET, "isa": isa_key(), **scheme, **_versions()},
         sort_keys=True,
@@ -87,7 +91,9 @@ def _export(model_dir: str, out: Path) -> None:
         )
 
 
-def _build(model_dir: str, precision: str, entry: Path, fp32_entry: Path | None = None) -> None:
+def _build(
+    model_dir: str, precision: str, entry: Path, fp32_entry: Path | None = None, keep_fp32: Sequence[str] = ()
+) -> None:
     """Export, optimize (and for int8 quantize) into a temporary folder, then rename it to
     ``entry``. int8 quantizes the fp32 entry's model (``fp32_entry``, built first when missing),
     so trying both precisions (``bulkinfer tune``) exports the model once."""
@@ -113,14 +119,21 @@ def _build(model_dir: str, precision: str, entry: Path, fp32_entry: Path | None 
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             so.optimized_model_filepath = str(optimized)
             ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
-        scheme = int8_scheme() if precision == "int8" else {}
+        scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             # per-channel weights: per-tensor int8 is as fast but far off fp32 (cosine ~0.93 on MiniLM)
+            from .int8 import layer_groups
+
+            groups = layer_groups(optimized)
+            exclude = [node for g in keep_fp32 for node in groups.get(g, [])]
             quantize_dynamic(
-                str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True, **scheme
-            )
+                str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
+                nodes_to_exclude=exclude, reduce_range=scheme["reduce_range"],
+            )  # fmt: skip
+            if keep_fp32:
+                scheme = {**scheme, "fp32_groups": sorted(keep_fp32)}
         for f in work.iterdir():
             if f.name != "model.onnx":
                 f.unlink()
@@ -160,6 +173,7 @@ class OrtEngine:
         model_digest: str,
         cache_dir: Path,
         spin: bool = True,
+        keep_fp32: Sequence[str] = (),
     ) -> None:
         import onnxruntime as ort
 
@@ -168,11 +182,12 @@ class OrtEngine:
                 f"runtime.precision: {precision!r} is not supported by onnxruntime; use fp32 or int8 "
                 "(bf16 runs on the torch engine)"
             )
-        entry = cache_entry(cache_dir, model_digest, precision)
+        entry = cache_entry(cache_dir, model_digest, precision, keep_fp32)
+        self.fp32_path = cache_entry(cache_dir, model_digest, "fp32") / "model.onnx"
         self.cache_hit = (entry / "model.onnx").is_file()
         if not self.cache_hit:
             try:
-                _build(model_dir, precision, entry, cache_entry(cache_dir, model_digest, "fp32"))
+                _build(model_dir, precision, entry, self.fp32_path.parent, keep_fp32)
             except (OSError, RuntimeError, ValueError) as exc:
                 raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc
         self.path = entry / "model.onnx"

@@ -189,6 +189,10 @@ class RayRunner:
                 gate()
             finally:
                 self.adapter.close()
+            groups = (self.stats.quality or {}).get("int8_fp32_groups")
+            if groups:  # the gate's search kept these in fp32: every worker builds that model
+                runtime = self.cfg.runtime.model_copy(update={"int8_fp32_groups": groups})
+                self.cfg = self.cfg.model_copy(update={"runtime": runtime})
         self.connect()
 
     # -- cluster ---------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""Partial int8 through the quality gate, on a tiny random-weight BERT in sentence-transformers
+layout built here (MiniLM's tokenizer, 2 layers of width 32: builds take a moment, so the
+whole search runs): when full int8 fails the floor, the fewest most-sensitive blocks stay in
+fp32 and the job runs; the choice is cached and the next job uses it without searching;
+when only fp32 would pass, the job is refused with every build tried."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bulkinfer import QualityGateError, load_config, run_job
+
+from helpers import make_catalog, read_output, write
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, minilm_path):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    d = tmp_path_factory.mktemp("tiny-st")
+    model = d / "tiny"
+    top = str(minilm_path)  # the weights and config at the top are replaced; 1_Pooling's config is kept
+    shutil.copytree(minilm_path, model, ignore=lambda where, names: {"model.safetensors", "config.json"} & set(names)
+                    if where == top else set())  # fmt: skip
+    torch.manual_seed(3)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=512,
+                         initializer_range=0.5)).eval().save_pretrained(model)  # fmt: skip
+    pooling = json.loads((model / "1_Pooling" / "config.json").read_text())
+    (model / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
+    write(make_catalog(120, seed=4), d / "in.parquet")
+    return d, model
+
+
+def run(tiny, out, **extra):
+    d, model = tiny
+    cfg = load_config(overrides={
+        "source.paths": [str(d / "in.parquet")], "model.name": str(model), "model.text_column": "description",
+        "source.id_column": "id", "sink.path": str(d / out), "runtime.precision": "int8",
+        "runtime.cache_dir": str(d / "cache"), "runtime.quality_sample_rows": 64, "execution.progress": "none",
+        **extra,
+    })  # fmt: skip
+    return run_job(cfg)
+
+
+def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them(tiny):
+    full = run(tiny, "full", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+    floor = round(full + (1 - full) / 2, 6)  # halfway from full int8 to fp32
+    first = run(tiny, "first", **{"runtime.quality_floor": floor})
+    q = first.report["quality"]
+    keep = q["int8_fp32_groups"]
+    assert q["passed"] and q["mean_cosine"] >= floor and q["full_int8_mean_cosine"] == full
+    assert 1 <= len(keep) < 6 and set(keep) <= set(q["sensitivity"])
+    order = sorted(q["sensitivity"], key=lambda g: -q["sensitivity"][g])
+    assert keep == order[: len(keep)]  # the most sensitive blocks
+    fewer = [s for s in q["int8_search"] if s["fp32_groups"] < len(keep)]
+    assert not any(s["passed"] for s in fewer)  # no smaller set passed (full int8 did not: full < floor)
+    assert first.report["rows_out"] == 120
+    second = run(tiny, "second", **{"runtime.quality_floor": floor})  # cached: no search
+    assert "int8_search" not in second.report["quality"] and second.report["quality"]["passed"]
+    a, b = read_output(tiny[0] / "first").sort_by("id"), read_output(tiny[0] / "second").sort_by("id")
+    assert a["embedding"].to_pylist() == b["embedding"].to_pylist()  # the same blocks kept in fp32
+
+
+def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
+    with pytest.raises(QualityGateError) as err:
+        run(tiny, "strict", **{"runtime.quality_floor": 0.99999999})
+    msg = str(err.value)
+    assert "even with its most sensitive parts kept in fp32" in msg and "floor 0.99999999" in msg
+    steps = err.value.figures["int8_search"]
+    assert [s["fp32_groups"] for s in steps] == [1, 2, 4, 5] and not any(s["passed"] for s in steps)
+    assert not list((tiny[0] / "strict").glob("part-*"))  # nothing written
