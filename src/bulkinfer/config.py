@@ -47,6 +47,8 @@ class SourceConfig(_Section):
     """Column that identifies a row; copied to the output and to error records. Optional."""
     shard_rows: int = Field(default=10_000, ge=1)
     """Target rows per shard, the unit of commit and resume (Parquet shards follow row groups)."""
+    max_record_bytes: int = Field(default=64 << 20, ge=1)
+    """A JSONL or batch-file record (line) longer than this is an error row naming its size, never read."""
     read_batch_rows: int = Field(default=4096, ge=1)
     """Rows per Arrow record batch read from the input."""
     column_types: dict[str, str] = Field(default_factory=dict)

@@ -202,7 +202,8 @@ def make_plan(
         shards, input_errors = existing.shards, existing.input_errors
     else:
         problems: list[SourceError] = []
-        shards = _limit(plan_shards(inputs, cfg.source.shard_rows, problems), cfg.execution.limit_rows)
+        planned = plan_shards(inputs, cfg.source.shard_rows, problems, cfg.source.max_record_bytes)
+        shards = _limit(planned, cfg.execution.limit_rows)
         input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p) for p in problems]
         if problems and not shards:
             raise _none_readable(problems, len(inputs))

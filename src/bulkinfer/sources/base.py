@@ -15,10 +15,13 @@ from ..errors import SourceError
 if TYPE_CHECKING:
     from .files import InputFile
 
-__all__ = ["ROW", "BadRow", "Format", "Shard", "Span", "check_file_columns", "numbered", "slices"]
+__all__ = ["MAX_RECORD_BYTES", "ROW", "BadRow", "Format", "Shard", "Span", "check_file_columns", "numbered", "slices"]
 
 ROW = "__bulkinfer_row"
 """Name of the column ``read_shard`` adds: each row's number in its file (errors and resume use it)."""
+
+MAX_RECORD_BYTES = 64 << 20
+"""``source.max_record_bytes``' default: a line-format record longer than this is an error row."""
 
 BadRow = Callable[[int, str], None]
 """Called with a row's number and what is wrong with it; the row is skipped."""
@@ -33,6 +36,8 @@ class Span(NamedTuple):
     end: int | None = None
     repeats: tuple[int, ...] = ()
     """Rows that repeat an earlier row's key (an OpenAI batch file's custom_id)."""
+    oversized: bool = False
+    """The span is one record over ``source.max_record_bytes``: an error row, never read."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ class Shard:
     For JSONL and CSV, ``offset``/``end`` are the byte bounds of the planned shard and
     ``base`` the row number at ``offset``; a resumed tail of a shard keeps them and moves
     ``start``. ``repeats``: rows whose key an earlier row of the file already used (an OpenAI
-    batch file's duplicate custom_id), found at planning.
+    batch file's duplicate custom_id), found at planning. ``oversized``: the shard is one
+    record over ``source.max_record_bytes`` (an error row; its bytes are never read).
     """
 
     index: int
@@ -54,6 +60,7 @@ class Shard:
     end: int | None = None
     base: int | None = None
     repeats: tuple[int, ...] = ()
+    oversized: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -74,8 +81,9 @@ class Format(Protocol):
     name: str
     extensions: tuple[str, ...]
 
-    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
-        """Spans of about ``shard_rows`` rows covering every row of ``f`` once; raises
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
+        """Spans of about ``shard_rows`` rows covering every row of ``f`` once (a line format's
+        record over ``max_record`` bytes: a span of its own, ``oversized``); raises
         :class:`SourceError` when the file is not readable as this format."""
         ...
 

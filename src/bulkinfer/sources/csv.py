@@ -27,7 +27,7 @@ class CsvFormat:
     name = "csv"
     extensions: tuple[str, ...] = (".csv",)
 
-    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = 0) -> list[Span]:
         return _plan_csv(f, shard_rows)
 
     def head_schema(self, f: InputFile) -> pa.Schema:

@@ -8,7 +8,7 @@ import contextlib
 import io
 import json
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from ..schema import fit_value
-from .base import BadRow, Shard, Span, check_file_columns, numbered
+from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered
 from .files import InputFile, filesystem, open_binary, read_range
 
-__all__ = ["HEAD_BYTES", "JsonlFormat"]
+__all__ = ["HEAD_BYTES", "JsonlFormat", "lines", "plan_lines"]
 
 HEAD_BYTES = 1 << 20
 """How much of a line-format file its head is (column names and types are settled from it)."""
@@ -29,34 +29,21 @@ class JsonlFormat:
     name = "jsonl"
     extensions: tuple[str, ...] = (".jsonl", ".ndjson", ".json")
 
-    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
-        fs, path = filesystem(f.uri)
-        spans: list[Span] = []
-        rows = start_row = 0
-        pos = start_off = 0
-        with fs.open(path, "rb") as fh:
-            for line in fh:
-                pos += len(line)
-                if line.strip():
-                    rows += 1
-                    if rows - start_row == shard_rows:
-                        spans.append(Span(start_row, rows, start_off, pos))
-                        start_row, start_off = rows, pos
-        if rows > start_row:
-            spans.append(Span(start_row, rows, start_off, pos))
-        return spans
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
+        return plan_lines(f, shard_rows, max_record)
 
     def head_schema(self, f: InputFile) -> pa.Schema:
-        with open_binary(f.uri) as fh:
-            head = fh.read(HEAD_BYTES)
-            if fh.read(1):  # cut: keep whole lines
-                head = head[: head.rfind(b"\n") + 1]
         objects = []
-        for line in head.split(b"\n"):
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line) if line.strip() else None
-                if isinstance(obj, dict):
-                    objects.append(obj)
+        seen = 0
+        with open_binary(f.uri) as fh:  # whole records, however long, until HEAD_BYTES of them
+            for line, size in lines(fh, MAX_RECORD_BYTES):
+                seen += size
+                with contextlib.suppress(ValueError):
+                    obj = json.loads(line) if line is not None and line.strip() else None
+                    if isinstance(obj, dict):
+                        objects.append(obj)
+                if seen >= HEAD_BYTES and objects:
+                    break
         names = list(dict.fromkeys(k for obj in objects for k in obj))
         return pa.schema([(n, _json_type([obj.get(n) for obj in objects])) for n in names])
 
@@ -64,6 +51,57 @@ class JsonlFormat:
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
     ) -> Iterator[pa.RecordBatch]:
         return _read_jsonl(shard, columns, batch_rows, bad, types)
+
+
+def lines(fh: Any, limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """Every line of a binary file with its size in bytes; a line over ``limit`` bytes is
+    ``None`` (skipped in chunks, never held in memory)."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = fh.readline(1 << 20)
+            if not line:
+                break
+            size += len(line)
+        yield None, size
+
+
+def plan_lines(
+    f: InputFile, shard_rows: int, max_record: int, on_line: Callable[[int, bytes], None] | None = None
+) -> list[Span]:
+    """Spans of ``shard_rows`` non-empty lines with their byte ranges; a line over
+    ``max_record`` bytes is a span of its own, ``oversized``. ``on_line(row, line)`` sees
+    every other line (an OpenAI batch file's custom_ids)."""
+    fs, path = filesystem(f.uri)
+    spans: list[Span] = []
+    rows = start_row = pos = start_off = 0
+    with fs.open(path, "rb") as fh:
+        for line, size in lines(fh, max_record):
+            pos += size
+            if line is None:  # over the limit: it alone, between the spans around it
+                if rows > start_row:
+                    spans.append(Span(start_row, rows, start_off, pos - size))
+                spans.append(Span(rows, rows + 1, pos - size, pos, oversized=True))
+                rows += 1
+                start_row, start_off = rows, pos
+                continue
+            if not line.strip():
+                continue
+            if on_line is not None:
+                on_line(rows, line)
+            rows += 1
+            if rows - start_row == shard_rows:
+                spans.append(Span(start_row, rows, start_off, pos))
+                start_row, start_off = rows, pos
+    if rows > start_row:
+        spans.append(Span(start_row, rows, start_off, pos))
+    return spans
 
 
 def _json_type(values: list[Any]) -> pa.DataType:

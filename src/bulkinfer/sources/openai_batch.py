@@ -18,8 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import BadRow, Shard, Span, numbered
-from .files import InputFile, filesystem, open_binary, read_range
+from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, numbered
+from .files import InputFile, open_binary, read_range
+from .jsonl import plan_lines
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
 
@@ -52,29 +53,20 @@ class OpenAIBatchFormat:
     name = "openai-batch"
     extensions: tuple[str, ...] = ()  # .jsonl is JSONL unless declared or detected
 
-    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
-        fs, path = filesystem(f.uri)
-        spans: list[Span] = []
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
         seen: set[str] = set()
         repeats: list[int] = []
-        rows = start_row = pos = start_off = 0
-        with fs.open(path, "rb") as fh:
-            for line in fh:
-                pos += len(line)
-                if not line.strip():
-                    continue
-                cid = _custom_id(line)
-                if cid is not None:
-                    if cid in seen:
-                        repeats.append(rows)
-                    seen.add(cid)
-                rows += 1
-                if rows - start_row == shard_rows:
-                    spans.append(Span(start_row, rows, start_off, pos, tuple(repeats)))
-                    start_row, start_off, repeats = rows, pos, []
-        if rows > start_row:
-            spans.append(Span(start_row, rows, start_off, pos, tuple(repeats)))
-        return spans
+
+        def note(row: int, line: bytes) -> None:
+            cid = _custom_id(line)
+            if cid is not None:
+                if cid in seen:
+                    repeats.append(row)
+                seen.add(cid)
+
+        spans = plan_lines(f, shard_rows, max_record, note)
+        return [s._replace(repeats=tuple(r for r in repeats if s.start <= r < s.stop)) if repeats else s
+                for s in spans]  # fmt: skip
 
     def head_schema(self, f: InputFile) -> pa.Schema:
         return pa.schema([(c, pa.string()) for c in COLUMNS])

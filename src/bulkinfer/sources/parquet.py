@@ -18,7 +18,7 @@ class ParquetFormat:
     name = "parquet"
     extensions: tuple[str, ...] = (".parquet", ".pq")
 
-    def plan(self, f: InputFile, shard_rows: int) -> list[Span]:
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = 0) -> list[Span]:
         try:
             meta = pq.ParquetFile(path_or_file(f.uri)).metadata
         except (pa.ArrowInvalid, OSError) as exc:

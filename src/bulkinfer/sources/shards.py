@@ -15,14 +15,19 @@ import pyarrow as pa
 
 from ..errors import SourceError
 from ..schema import convert_rows
-from .base import ROW, BadRow, Shard, numbered
+from .base import MAX_RECORD_BYTES, ROW, BadRow, Shard, numbered
 from .files import InputFile
 from .registry import get_format
 
 __all__ = ["plan_shards", "read_shard"]
 
 
-def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[SourceError] | None = None) -> list[Shard]:
+def plan_shards(
+    files: Sequence[InputFile],
+    shard_rows: int,
+    problems: list[SourceError] | None = None,
+    max_record: int = MAX_RECORD_BYTES,
+) -> list[Shard]:
     """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once.
 
     A file that cannot be planned (unreadable, truncated, not the format it claims) raises
@@ -35,7 +40,7 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
         try:
             if f.unreadable is not None:
                 raise SourceError(f"{f.uri}: cannot read the file ({f.unreadable}); check its permissions", f.uri)
-            return list(get_format(f.format).plan(f, shard_rows))
+            return list(get_format(f.format).plan(f, shard_rows, max_record))
         except (SourceError, OSError) as exc:
             return exc if isinstance(exc, SourceError) else SourceError(f"{f.uri}: cannot read the file ({exc})", f.uri)
 
@@ -51,8 +56,9 @@ def plan_shards(files: Sequence[InputFile], shard_rows: int, problems: list[Sour
         for span in spans:
             base = span.start if span.offset is not None else None
             shard = Shard(
-                len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base, span.repeats
-            )
+                len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base, span.repeats,
+                span.oversized,
+            )  # fmt: skip
             shards.append(shard)
     return shards
 
@@ -78,6 +84,10 @@ def read_shard(
             raise SourceError(f"{shard.uri}: row {row}: {message}", shard.uri)
         on_bad_row(row, message)
 
+    if shard.oversized:  # one record over source.max_record_bytes: never read
+        size = (shard.end or 0) - (shard.offset or 0)
+        bad(shard.start, f"the record is {size} bytes, over source.max_record_bytes; split it or raise the limit")
+        return
     next_row = shard.start
     try:
         for batch in get_format(shard.format).read(shard, columns, batch_rows, bad, types):
