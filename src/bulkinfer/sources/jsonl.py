@@ -19,7 +19,7 @@ from ..schema import fit_value
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered
 from .files import InputFile, filesystem, open_binary, read_range
 
-__all__ = ["HEAD_BYTES", "JsonlFormat", "lines", "plan_lines"]
+__all__ = ["HEAD_BYTES", "JsonlFormat", "json_lines", "lines", "plan_lines"]
 
 HEAD_BYTES = 1 << 20
 """How much of a line-format file its head is (column names and types are settled from it)."""
@@ -118,15 +118,10 @@ def _json_type(values: list[Any]) -> pa.DataType:
         return pa.array([v for v in values if v is not None and type(v).__name__ == major]).type
 
 
-def _jsonl_slow(
-    shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow, types: Mapping[str, pa.DataType]
-) -> tuple[pa.Table, np.ndarray]:
-    """Line by line: invalid JSON, non-object lines and values of the wrong type (for the
-    column's type in this job; else the kind most of the shard's values have) become bad rows."""
-    base = shard.base if shard.base is not None else shard.start
-    good: list[dict[str, Any]] = []
-    rows: list[int] = []
-    n = base
+def json_lines(shard: Shard, data: bytes, bad: BadRow, hint: str = "") -> Iterator[tuple[int, Any]]:
+    """The parsed lines of ``shard`` in ``data`` (its byte range) with their row numbers; a line
+    that is not JSON is a bad row (``hint`` says what a line should be)."""
+    n = shard.base if shard.base is not None else shard.start
     for line in data.split(b"\n"):
         if not line.strip():
             continue
@@ -134,10 +129,19 @@ def _jsonl_slow(
         if not shard.start <= row < shard.stop:
             continue
         try:
-            obj = json.loads(line)
+            yield row, json.loads(line)
         except ValueError as exc:
-            bad(row, f"invalid JSON ({exc})")
-            continue
+            bad(row, f"invalid JSON ({exc}){hint}")
+
+
+def _jsonl_slow(
+    shard: Shard, data: bytes, columns: Sequence[str], bad: BadRow, types: Mapping[str, pa.DataType]
+) -> tuple[pa.Table, np.ndarray]:
+    """Line by line: invalid JSON, non-object lines and values of the wrong type (for the
+    column's type in this job; else the kind most of the shard's values have) become bad rows."""
+    good: list[dict[str, Any]] = []
+    rows: list[int] = []
+    for row, obj in json_lines(shard, data, bad):
         if not isinstance(obj, dict):
             bad(row, f"expected a JSON object, got {type(obj).__name__}")
             continue

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, numbered
 from .files import InputFile, open_binary, read_range
-from .jsonl import plan_lines
+from .jsonl import json_lines, plan_lines
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
 
@@ -74,23 +74,10 @@ class OpenAIBatchFormat:
     def read(
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
     ) -> Iterator[pa.RecordBatch]:
-        data = read_range(shard)
-        base = shard.base if shard.base is not None else shard.start
         repeats = set(shard.repeats)
         good: list[dict[str, Any]] = []
         rows: list[int] = []
-        n = base
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            row, n = n, n + 1
-            if not shard.start <= row < shard.stop:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                bad(row, f"invalid JSON ({exc}); each line is one request object")
-                continue
+        for row, obj in json_lines(shard, read_range(shard), bad, "; each line is one request object"):
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if not isinstance(cid, str) or not cid:
                 what = "no string custom_id" if isinstance(obj, dict) else f"a {type(obj).__name__}, not an object"
