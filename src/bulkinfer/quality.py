@@ -163,6 +163,9 @@ def job_quality_gate(
             precision=rt.precision,
             threads=threads,
         )
+        kept = getattr(adapter, "int8_fp32_groups", None)
+        if rt.precision == "int8" and kept:  # a cached or named choice: say it (Ray's workers build it too)
+            figures["int8_fp32_groups"] = list(kept)
     except QualityGateError as failed:
         if not _searchable(cfg, adapter):
             raise

@@ -62,6 +62,7 @@ def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them
     assert first.report["rows_out"] == 120
     second = run(tiny, "second", **{"runtime.quality_floor": floor})  # cached: no search
     assert "int8_search" not in second.report["quality"] and second.report["quality"]["passed"]
+    assert second.report["quality"]["int8_fp32_groups"] == keep
     a, b = read_output(tiny[0] / "first").sort_by("id"), read_output(tiny[0] / "second").sort_by("id")
     assert a["embedding"].to_pylist() == b["embedding"].to_pylist()  # the same blocks kept in fp32
 
