@@ -92,9 +92,9 @@ def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cac
 
 def test_int8_with_named_blocks_in_fp32_is_closer_to_fp32(corpus, int8_cache):
     keep = ["layer.0/output", "layer.1/output", "layer.2/output"]
-    full = _run(corpus, "full", int8_cache, **{"runtime.precision": "int8", "execution.limit_rows": 32})
-    part = _run(corpus, "part", int8_cache, **{"runtime.precision": "int8", "runtime.int8_fp32_groups": keep,
-                                               "execution.limit_rows": 32})  # fmt: skip
+    small = {"runtime.precision": "int8", "execution.limit_rows": 32, "runtime.quality_sample_rows": 32}
+    full = _run(corpus, "full", int8_cache, **small)
+    part = _run(corpus, "part", int8_cache, **{**small, "runtime.int8_fp32_groups": keep})
     assert part.report["quality"]["mean_cosine"] > full.report["quality"]["mean_cosine"]
     meta = [json.loads(m.read_text()) for m in (int8_cache / "onnx").glob("*/meta.json")]
     assert any(m.get("fp32_groups") == sorted(keep) for m in meta)
