@@ -62,11 +62,9 @@ class DeltaSink(FileSink):
             table = None
         done = table.transaction_version(app) if table is not None else None
         if done is not None:  # an earlier attempt committed this part to the table: keep its file
-            super().discard(staged)
-            error_file = (
-                super().publish(StagedOutput(staged.shard, None, staged.errors, staged.failed, None)).error_file
-            )
-            return Published(self._committed_part(staged.part.part.name), error_file)
+            (self.out_dir / staged.part.temp).unlink(missing_ok=True)  # only the part: its error file publishes
+            errors_only = StagedOutput(staged.shard, None, staged.errors, staged.failed, None)
+            return Published(self._committed_part(staged.part.part.name), super().publish(errors_only).error_file)
         published = super().publish(staged)
         assert published.part is not None
         props = CommitProperties(app_transactions=[Transaction(app, 1, int(time.time() * 1000))])
