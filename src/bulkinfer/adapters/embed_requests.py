@@ -4,7 +4,6 @@ batched by tokens as any text job), and the answer is the API's embeddings body.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..llm.openai_api import EMBEDDINGS, BadRequest, dumps, embeddings_body, embeddings_inputs
+from ..llm.openai_api import EMBEDDINGS, BadRequest, batch_request, dumps, embeddings_body, embeddings_inputs
 from .base import Adapter, RowsRejected, SetupContext, to_numpy_column
 from .generate import REQUEST_COLUMNS
 
@@ -46,17 +45,15 @@ class EmbeddingRequests(Adapter):
         spans, encodings = [], []
         for pos, row in enumerate(table.select(list(REQUEST_COLUMNS)).to_pylist()):
             try:
-                if row["line_error"]:
-                    raise BadRequest(row["line_error"], "custom_id")
-                if row["url"] != EMBEDDINGS:
+                url, body = batch_request(row)
+                if url != EMBEDDINGS:
                     raise BadRequest(f"url: this job's model makes embeddings; it answers {EMBEDDINGS}", "url")
-                body = json.loads(row["body"]) if row["body"] else None
-                inputs = embeddings_inputs(body, self.names)
-            except (BadRequest, ValueError) as exc:
-                rejected[pos] = exc if isinstance(exc, BadRequest) else BadRequest(f"body: not JSON ({exc})", "body")
+                inputs, encoding = embeddings_inputs(body, self.names)
+            except BadRequest as exc:
+                rejected[pos] = exc
                 continue
             spans.append((len(texts), len(texts) + len(inputs)))
-            encodings.append(str(body.get("encoding_format") or "float") if isinstance(body, dict) else "float")
+            encodings.append(encoding)
             texts.extend(inputs)
         if rejected:
             raise RowsRejected(rejected)

@@ -35,7 +35,17 @@ import pyarrow as pa
 
 from ..config import ModelConfig
 from ..errors import ConfigError, ModelError
-from ..llm.openai_api import CHAT, COMPLETIONS, EMBEDDINGS, URLS, BadRequest, completion_body, dumps, generation_request
+from ..llm.openai_api import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    URLS,
+    BadRequest,
+    batch_request,
+    completion_body,
+    dumps,
+    generation_request,
+)
 from ..llm.prompts import chat_prompt, message_columns, render, template_columns
 from .base import Adapter, RowsRejected, SetupContext
 
@@ -222,19 +232,11 @@ class GenerateAdapter(Adapter):
     def _request(self, row: Mapping[str, Any]) -> tuple[list[int], Any, str]:
         from ..llm.decode import Sampling
 
-        if row["line_error"]:
-            raise BadRequest(row["line_error"], "custom_id")
-        url = row["url"]
-        if row["method"] not in ("POST", None):
-            raise BadRequest(f"method: expected POST, got {row['method']!r}", "method")
+        url, body = batch_request(row)
         if url == EMBEDDINGS:
             raise BadRequest("url: this job's model generates text; /v1/embeddings needs an embedding model", "url")
         if url not in URLS:
             raise BadRequest(f"url: expected {CHAT} or {COMPLETIONS}, got {url!r}", "url")
-        try:
-            body = json.loads(row["body"]) if row["body"] is not None else None
-        except ValueError as exc:
-            raise BadRequest(f"body: not JSON ({exc})", "body") from None
         req = generation_request(url, body, self.names)
         if req.stream:
             raise BadRequest("stream: a batch request is answered whole; remove stream", "stream")

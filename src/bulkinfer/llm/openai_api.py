@@ -23,7 +23,9 @@ __all__ = [
     "EMBEDDINGS",
     "BadRequest",
     "GenRequest",
+    "batch_request",
     "completion_body",
+    "dumps",
     "embeddings_body",
     "embeddings_inputs",
     "generation_request",
@@ -181,10 +183,24 @@ def generation_request(url: str, body: Any, model_names: Sequence[str]) -> GenRe
     )
 
 
-def embeddings_inputs(body: Any, model_names: Sequence[str]) -> list[str]:
-    """The texts of an embeddings request."""
+def batch_request(row: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The url and parsed body of a batch-file row (the reader's columns), checked as far as every
+    route needs: no problem the reader found (``line_error``), ``POST``, a JSON body."""
+    if row["line_error"]:
+        raise BadRequest(row["line_error"], "custom_id")
+    if row["method"] not in ("POST", None):
+        raise BadRequest(f"method: expected POST, got {row['method']!r}", "method")
+    try:
+        body = json.loads(row["body"]) if row["body"] is not None else None
+    except ValueError as exc:
+        raise BadRequest(f"body: not JSON ({exc})", "body") from None
+    return row["url"], body
+
+
+def embeddings_inputs(body: Any, model_names: Sequence[str]) -> tuple[list[str], str]:
+    """The texts of an embeddings request and the encoding it asks for (float or base64)."""
     if not isinstance(body, Mapping):
-        raise BadRequest("body: expected a JSON object", "body")
+        raise BadRequest("body: expected an object with input", "body")
     _check_model(body, model_names)
     texts = body.get("input")
     if isinstance(texts, str):
@@ -194,7 +210,7 @@ def embeddings_inputs(body: Any, model_names: Sequence[str]) -> list[str]:
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise BadRequest(f"encoding_format: expected float or base64, got {fmt!r}", "encoding_format")
-    return texts
+    return texts, fmt
 
 
 def _check_model(body: Mapping[str, Any], names: Sequence[str]) -> None:
@@ -245,14 +261,15 @@ def completion_body(
 
 
 def embeddings_body(vectors: Any, model: str, tokens: int, encoding: str = "float") -> dict[str, Any]:
-    """The response body of an embeddings request (``vectors``: a float32 matrix)."""
+    """The response body of an embeddings request (``vectors``: a float32 matrix, its rows kept as
+    numpy arrays: :func:`dumps` and serve's orjson write them without a Python float per value)."""
     import base64
 
     data = [
         {
             "object": "embedding",
             "index": i,
-            "embedding": base64.b64encode(vec.tobytes()).decode() if encoding == "base64" else vec.tolist(),
+            "embedding": base64.b64encode(vec.tobytes()).decode() if encoding == "base64" else vec,
         }
         for i, vec in enumerate(vectors)
     ]
@@ -260,4 +277,7 @@ def embeddings_body(vectors: Any, model: str, tokens: int, encoding: str = "floa
 
 
 def dumps(body: Mapping[str, Any]) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    """A response body as compact JSON text (numpy vectors included)."""
+    import orjson
+
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY).decode()
