@@ -29,7 +29,7 @@ from .errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExcee
 from .hardware import emulation_warning
 from .ledger import Ledger, OutputLedger, active_error_files, failed_rows
 from .lineage import Lineage
-from .llm.batch_files import batch_config
+from .llm.batch_files import batch_config, write_batch_files
 from .plan import JobPlan, job_identity, make_plan
 from .quality import job_quality_gate
 from .records import redact
@@ -166,8 +166,6 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
         if done:
             extra = write_deleted(cfg.source.previous, job.cfg, plan, ledger, report) if cfg.source.previous else {}
             if job.cfg.sink.format == "openai-batch":
-                from .llm.batch_files import write_batch_files
-
                 commits = ledger.commits()
                 parts = sorted(c.file for c in commits if c.file)  # in shard order
                 write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
