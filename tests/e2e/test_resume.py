@@ -19,6 +19,7 @@ import pytest
 from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, wait_commits, write
 
 SLOW_ADAPTER = textwrap.dedent("""
+    import os
     import time
     from bulkinfer import Adapter
 
@@ -26,6 +27,10 @@ SLOW_ADAPTER = textwrap.dedent("""
         input_columns = ("x1",)
 
         def predict(self, batch):
+            if os.path.exists("hold"):  # the test holds the run mid-job: it says so, then waits
+                open("started", "w").close()
+                while os.path.exists("hold"):
+                    time.sleep(0.01)
             time.sleep(0.05)
             return {"y": [v * 2 for v in batch["x1"].to_pylist()]}
 """)
@@ -130,13 +135,18 @@ def test_sigterm_exits_75_and_resume_finishes(slow_job):
 
 def test_concurrent_run_refused_and_dead_lock_taken_over(slow_job):
     cwd, args = slow_job
+    (cwd / "hold").touch()  # the first run stays in its first model call until the test lets go
     first = _start(args, cwd)
-    wait_commits(cwd / "out", 1, first)
+    deadline = time.monotonic() + 120
+    while not (cwd / "started").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.02)
     second = cli("run", *args, cwd=cwd)
     assert second.returncode == 1
     assert "another run is writing here" in second.stderr and f'"pid": {first.pid}' in second.stderr
     first.send_signal(signal.SIGKILL)
     first.wait()
+    (cwd / "hold").unlink()
     third = cli("run", *args, cwd=cwd, check=True)
     assert "took over the lock left by a run that died" in third.stderr
     assert read_output(cwd / "out")["id"].to_pylist() == list(range(1200))

@@ -310,3 +310,73 @@ def test_a_knn_job_on_ray_equals_the_local_one(tmp_path, local_ray, user_module)
     assert all(
         len(n) == 7 and i not in n for i, n in zip(local["id"].to_pylist(), local["neighbors"].to_pylist(), strict=True)
     )
+
+
+STALLING = textwrap.dedent("""
+    import os
+    import time
+    import pyarrow.compute as pc
+
+    def stall_on_flag(table):
+        # a flagged shard names its worker's pid in PIDS, then works for a second: long enough
+        # for the test to freeze that process (SIGSTOP) mid-shard
+        if sum(table["stall"].to_pylist()):
+            open(os.path.join(PIDS, str(os.getpid())), "w").close()
+            time.sleep(1.0)
+        time.sleep(0.005 * table.num_rows)
+        return {"y": pc.multiply(table["x"], 2)}
+""")
+
+
+def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_discarded(tmp_path, local_ray):
+    """A worker frozen mid-shard (SIGSTOP: a paused VM, a call stuck holding the GIL) answers no
+    heartbeat: after worker_timeout_s its shard goes to the other worker, which commits it; the
+    frozen one is then thawed, finishes the same rows late, and that result is discarded."""
+    import os
+    import signal
+    import time
+
+    from bulkinfer.ledger import Ledger
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    name = f"stall_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(f"PIDS = {str(pids)!r}\n" + STALLING)
+    sys.path.insert(0, str(tmp_path))
+    rows = 1200
+    stall = np.zeros(rows, dtype=np.int64)
+    stall[0] = 1  # shard 0 stalls
+    write(pa.table({"id": np.arange(rows), "x": np.arange(rows), "stall": stall}), tmp_path / "in.parquet", row_group_size=40)
+    out = tmp_path / "out"
+    cfg = _cfg(out, [tmp_path / "in.parquet"], **{
+        "model.name": f"{name}:stall_on_flag", "model.feature_columns": ["x", "stall"],
+        "source.shard_rows": 40, "execution.backend": "ray", "execution.workers": 2,
+        "execution.worker_timeout_s": 2.0, "execution.split_min_rows": 0,
+    })  # fmt: skip
+    result: dict = {}
+    job = threading.Thread(target=lambda: result.setdefault("r", run_job(cfg)))
+    job.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not list(pids.iterdir()):
+            assert time.monotonic() < deadline and job.is_alive(), "shard 0 never started"
+            time.sleep(0.01)
+        frozen = int(next(pids.iterdir()).name)
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            while not any(c.shard == 0 for c in Ledger(out).commits()):  # the other worker redid it
+                assert time.monotonic() < deadline and job.is_alive(), "shard 0 was never redone"
+                time.sleep(0.02)
+            assert sorted(int(p.name) for p in pids.iterdir()) != [frozen]  # redone by another process
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        job.join(timeout=120)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
+    backend = result["r"].report["backend"]
+    assert (backend["requeued"], backend["discarded"], backend["workers_lost"]) == (1, 1, 0)
+    assert [(c.start, c.stop) for c in Ledger(out).commits() if c.shard == 0] == [(0, 40)]  # committed once
+    table = read_output(out).sort_by("id")
+    assert table["id"].to_pylist() == list(range(rows))
+    assert table["y"].to_pylist() == [2 * i for i in range(rows)]

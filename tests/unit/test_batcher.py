@@ -58,12 +58,17 @@ def test_full_queue_refuses_at_once():
 
 
 class _Timed(Adapter):
-    """A model whose call takes ``fixed`` seconds plus ``per_token`` for each padded token."""
+    """A model whose call takes ``fixed`` seconds plus ``per_token`` for each padded token,
+    on its own clock (no sleeps: the figures do not depend on how busy the machine is)."""
 
     input_columns = ("text",)
 
     def __init__(self, fixed: float, per_token: float) -> None:
         self.fixed, self.per_token = fixed, per_token
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     def preprocess(self, table: pa.Table) -> list[int]:
         return [len(t.split()) for t in table["text"].to_pylist()]
@@ -72,16 +77,17 @@ class _Timed(Adapter):
         return features
 
     def predict(self, batch):
-        time.sleep(self.fixed + self.per_token * len(batch) * max(batch))
+        self.now += self.fixed + self.per_token * len(batch) * max(batch)
         return {"n": batch}
 
 
 def test_call_overhead_is_measured_in_tokens():
     sample = pa.table({"text": ["a b c d"] * 16})
-    # one call costs 20 ms, a token 1 ms: a call is worth 20 tokens (the bounds allow for a busy
-    # 2-core machine: the suite runs two test processes, and a late wake-up lengthens a sleep)
-    assert 12 < measure_call_overhead(_Timed(0.020, 0.001), sample, repeats=3) < 32
+    # one call costs 20 ms, a token 1 ms: a call is worth 20 tokens
+    timed = _Timed(0.020, 0.001)
+    assert measure_call_overhead(timed, sample, repeats=3, clock=timed.clock) == pytest.approx(20.0)
     # a bigger call costs nothing more (a GPU's regime): merge everything
-    assert measure_call_overhead(_Timed(0.010, 0.0), sample, repeats=3) == 1e6
+    flat = _Timed(0.010, 0.0)
+    assert measure_call_overhead(flat, sample, repeats=3, clock=flat.clock) == 1e6
     # without per-row costs there is nothing to cut by
     assert measure_call_overhead(FunctionAdapter(_double, ["x"]), pa.table({"x": [1, 2]})) is None

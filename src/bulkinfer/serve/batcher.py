@@ -154,10 +154,13 @@ class Batcher:
             batch[int(i)].future.set_exception(error)
 
 
-def measure_call_overhead(adapter: Adapter, sample: pa.Table, repeats: int = 5) -> float | None:
+def measure_call_overhead(
+    adapter: Adapter, sample: pa.Table, repeats: int = 5, clock: Callable[[], float] = time.perf_counter
+) -> float | None:
     """What one model call costs beyond its padded tokens, in tokens' worth of time: a
     one-row call of ``sample``'s first row against a call of all its rows (copies of one
-    short input), median of ``repeats``. None for adapters without per-row costs."""
+    short input), median of ``repeats`` timed by ``clock``. None for adapters without
+    per-row costs."""
     features = adapter.preprocess(sample)
     costs = adapter.cost(features)
     if costs is None or sample.num_rows < 2:
@@ -167,9 +170,9 @@ def measure_call_overhead(adapter: Adapter, sample: pa.Table, repeats: int = 5) 
         idx = np.arange(rows)
         times = []
         for _ in range(repeats + 1):  # the first call warms up
-            t0 = time.perf_counter()
+            t0 = clock()
             adapter.predict(adapter.select(features, idx))
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         return float(np.median(times[1:]))
 
     one, many = seconds(1), seconds(sample.num_rows)
