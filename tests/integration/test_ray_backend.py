@@ -346,7 +346,11 @@ def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_
     rows = 1200
     stall = np.zeros(rows, dtype=np.int64)
     stall[0] = 1  # shard 0 stalls
-    write(pa.table({"id": np.arange(rows), "x": np.arange(rows), "stall": stall}), tmp_path / "in.parquet", row_group_size=40)
+    write(
+        pa.table({"id": np.arange(rows), "x": np.arange(rows), "stall": stall}),
+        tmp_path / "in.parquet",
+        row_group_size=40,
+    )
     out = tmp_path / "out"
     cfg = _cfg(out, [tmp_path / "in.parquet"], **{
         "model.name": f"{name}:stall_on_flag", "model.feature_columns": ["x", "stall"],

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
