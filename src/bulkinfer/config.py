@@ -538,6 +538,8 @@ def field_docs() -> Iterator[tuple[str, str, str]]:
     """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
     for section, info in JobConfig.model_fields.items():
         if section == "export":
+            kinds = ", ".join(t.model_fields["kind"].default for t in EXPORT_KINDS)
+            yield "export.kind", "(required)", f"Which target this [[export]] table is: {kinds}; its fields follow."
             for target in EXPORT_KINDS:
                 for name, field in target.model_fields.items():
                     if name != "kind":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 from helpers import cli, read_output, tabular_table, write
@@ -30,6 +31,17 @@ def _errors(out):
     return sorted(
         json.loads(line)["row"] for f in (out / "_errors").glob("*.jsonl") for line in f.read_text().splitlines()
     )
+
+
+def _parts(out, marker):
+    """{file name: {id: y}} of the output's parts whose name holds ``marker``."""
+    import pyarrow.parquet as pq
+
+    return {
+        p.name: dict(zip(*pq.read_table(p, columns=["id", "y"]).to_pydict().values(), strict=True))
+        for p in sorted(out.glob("part-*.parquet"))
+        if marker in p.name
+    }
 
 
 def test_retry_errors_fixes_rows_in_place_exactly_once(tmp_path):
@@ -62,6 +74,18 @@ def test_retry_errors_fixes_rows_in_place_exactly_once(tmp_path):
     assert sum(int(x) for x in (tmp_path / "calls.log").read_text().split()) <= 3 + 2  # only the failed rows ran
     assert _errors(tmp_path / "out") == [77]
     assert sorted(p.name for p in (tmp_path / "out" / "_errors").iterdir()) == ["part-00000.retry-1.jsonl"]
+    x1 = dict(zip(range(300), tabular_table(300)["x1"].to_pylist(), strict=True))
+    assert _parts(tmp_path / "out", ".retry-") == {
+        "part-00000.retry-1.parquet": {5: x1[5]}, "part-00001.retry-1.parquet": {150: x1[150]}
+    }  # fmt: skip
+    # the inputs may not change between a run and its retry: refused, naming the file, nothing written
+    original, st = (tmp_path / "in.parquet").read_bytes(), (tmp_path / "in.parquet").stat()
+    write(tabular_table(300, seed=9), tmp_path / "in.parquet")
+    changed = cli("run", "--retry-errors", "out", "--progress", "none", cwd=tmp_path)
+    assert changed.returncode == 1 and "in.parquet changed" in changed.stderr, changed.stderr
+    assert "Traceback" not in changed.stderr and _errors(tmp_path / "out") == [77]
+    (tmp_path / "in.parquet").write_bytes(original)  # put back as it was, time stamp included
+    os.utime(tmp_path / "in.parquet", ns=(st.st_atime_ns, st.st_mtime_ns))
     # the ledger is lost: --repair rebuilds it from the parts and the error file in force
     (tmp_path / "out" / "_bulkinfer" / "commits.log").write_text("")
     repaired = cli(*args, "--repair", cwd=tmp_path, check=True)
@@ -71,7 +95,9 @@ def test_retry_errors_fixes_rows_in_place_exactly_once(tmp_path):
     (tmp_path / "broken.json").unlink()  # fixed
     cli("run", "--retry-errors", "out", "--progress", "none", cwd=tmp_path, check=True)
     assert _errors(tmp_path / "out") == []
+    assert _parts(tmp_path / "out", ".retry-2") == {"part-00000.retry-2.parquet": {77: x1[77]}}
     out = read_output(tmp_path / "out")
+    assert dict(zip(out["id"].to_pylist(), out["y"].to_pylist(), strict=True)) == x1  # the retried values too
     assert sorted(out["id"].to_pylist()) == list(range(300))  # every row exactly once
     manifest = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert manifest["rows"] == 300 and manifest["rows_failed"] == 0 and manifest["error_files"] == []

@@ -33,6 +33,16 @@ def test_tune_picks_a_gate_passing_candidate_and_writes_a_runnable_job(tmp_path)
     # batch_size = "auto" takes the fastest size tune measured for the job's engine and precision
     cfg = load_config(tmp_path / "job.toml")
     measured = json.loads(results_path(cfg, resolve_model(cfg).digest).read_text())["candidates"]
+    # the chosen one is the fastest of those that passed the gate; those that failed were below the floor
+    passing = [c for c in measured if c["passed"] and c["rows_per_s"]]
+    fastest = max(passing, key=lambda c: c["rows_per_s"])
+    assert (tuned.runtime.engine, tuned.runtime.precision, tuned.runtime.batch_size, tuned.runtime.threads) == (
+        fastest["engine"], fastest["precision"], fastest["batch_size"], fastest["threads"]
+    )  # fmt: skip
+    failed = [c for c in measured if not c["passed"]]
+    assert {(c["engine"], c["precision"]) for c in failed} == {("onnxruntime", "int8")}
+    assert all(c["quality"]["mean_cosine"] < 0.9999 and c["rows_per_s"] is None for c in failed)
+    assert {(c["engine"], c["precision"]) for c in passing} == {("onnxruntime", "fp32"), ("torch", "fp32")}
     same = [
         c
         for c in measured

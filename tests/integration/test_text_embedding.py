@@ -12,7 +12,10 @@ from helpers import make_catalog, read_output, write
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
     catalog = make_catalog(260, seed=3)["description"].to_pylist()
-    odd = ["", "   padded   ", "Ünïcödé façade — naïve café 東京 🚀", "UPPER lower MiXeD", "word " * 600]
+    # empty, blank (spaces; tabs and line breaks), padded, non-ASCII, mixed case, over the
+    # 256-token window in words and in one unbroken run of characters
+    odd = ["", "   ", "\t\n \n", "   padded   ", "Ünïcödé façade — naïve café 東京 🚀", "UPPER lower MiXeD",
+           "word " * 600, "x" * 20000]  # fmt: skip
     return odd + catalog
 
 

@@ -60,7 +60,7 @@ def test_a_row_over_the_budget_goes_alone():
 def test_restore_order_allows_missing_rows_refuses_duplicates():
     rows, take = restore_order([np.array([4, 0]), np.array([2])])
     assert rows.tolist() == [0, 2, 4] and take.tolist() == [1, 2, 0]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a row appears in two batches"):
         restore_order([np.array([0, 1]), np.array([1])])
 
 

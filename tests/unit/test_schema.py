@@ -46,7 +46,7 @@ def test_fit_value_converts_what_fits_and_refuses_the_rest():
     assert fit_value(1.5, pa.string()) == "1.5" and fit_value(True, pa.string()) == "true"
     assert fit_value(None, pa.int64()) is None
     for value, target in ((1.5, pa.int64()), ("abc", pa.float64()), (True, pa.int64()), ([1], pa.float64())):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"is not {target}"):
             fit_value(value, target)
 
 
