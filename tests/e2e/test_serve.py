@@ -21,7 +21,7 @@ KEY = "test-key-0123456789"
 
 
 class Server:
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         cmd = [sys.executable, "-m", "bulkinfer", "serve", "--port", "0", *args]
         self.proc = subprocess.Popen(
@@ -35,6 +35,10 @@ class Server:
                 break
         else:
             raise AssertionError(f"server did not start: {self.proc.wait()}")
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 120
         while httpx.get(f"{self.url}/readyz").status_code != 200:
             assert time.monotonic() < deadline, "model never became ready"
@@ -225,6 +229,68 @@ def test_tabular_predictions_equal_offline_and_overload_gets_503(tmp_path):
     finally:
         server.stop()
     assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows"] == 60
+
+
+GATED_MODEL = """
+import os
+import time
+
+from bulkinfer import Adapter
+
+
+class Gated(Adapter):
+    input_columns = ("x",)
+
+    def setup(self, ctx):
+        while os.path.exists("hold"):  # loading lasts until the test lets go
+            time.sleep(0.02)
+
+    def predict(self, batch):
+        xs = batch["x"].to_pylist()
+        with open("calls.log", "a") as fh:
+            fh.write(" ".join(map(str, xs)) + "\\n")
+        if 13 in xs:
+            raise ValueError("x = 13 is refused by the model")
+        return {"y": [2 * v for v in xs]}
+"""
+
+
+def test_readyz_is_503_while_loading_and_a_failed_merged_call_fails_only_its_request(tmp_path):
+    (tmp_path / "gated.py").write_text(GATED_MODEL)
+    (tmp_path / "hold").touch()
+    server = Server(["-m", "gated:Gated", "--set", "serve.max_wait_ms=300"], tmp_path, wait_ready=False)
+    try:
+        loading = httpx.get(f"{server.url}/readyz")
+        assert loading.status_code == 503 and loading.headers["retry-after"] == "1"
+        assert loading.json()["error"]["message"] == "the model is still loading"
+        early = _post(f"{server.url}/v1/predict", {"rows": [{"x": 1}]}, key=None)
+        assert early.status_code == 503 and early.json()["error"]["message"] == "the model is still loading"
+        assert httpx.get(f"{server.url}/healthz").status_code == 200  # up, not ready
+        (tmp_path / "hold").unlink()
+        server.wait_ready()
+
+        # eight requests of three rows arrive together (max_wait_ms holds the batch open);
+        # request 5 holds x = 13, which fails the merged call: the call is bisected, request 5
+        # alone gets 422 naming the error and the other seven their answers
+        requests = [[10 * i, 10 * i + 1, 10 * i + 2] for i in range(8)]
+        requests[5][1] = 13
+
+        def one(xs: list[int]) -> httpx.Response:
+            return _post(f"{server.url}/v1/predict", {"rows": [{"x": x} for x in xs]}, key=None)
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(one, requests))
+        for i, (xs, a) in enumerate(zip(requests, answers, strict=True)):
+            if i == 5:
+                assert a.status_code == 422 and "x = 13 is refused by the model" in a.json()["error"]["message"]
+            else:
+                assert a.status_code == 200, a.text
+                assert [r["y"] for r in a.json()["rows"]] == [2 * x for x in xs]
+        calls = [line.split() for line in (tmp_path / "calls.log").read_text().splitlines()]
+        assert max(len(c) for c in calls) > 3  # requests were merged into one call
+        assert ["50", "13", "52"] in calls  # and the failed call bisected down to request 5 alone
+    finally:
+        server.stop()
 
 
 SNAPSHOT_MODEL = """

@@ -227,6 +227,20 @@ def test_worker_that_fits_no_node_is_a_clear_error(tmp_path, local_ray, user_mod
         run_job(cfg)
 
 
+def test_more_workers_than_fit_starts_as_many_as_fit_with_a_warning(tmp_path, local_ray, user_module, caplog):
+    t = pa.table({"id": np.arange(300), "x": np.arange(300), "slow": np.zeros(300, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet", row_group_size=50)
+    cfg = _cfg(tmp_path / "out", [tmp_path / "in.parquet"], **{
+        "model.name": f"{user_module}:slow_on_flag", "model.feature_columns": ["x", "slow"],
+        "source.shard_rows": 50, "execution.backend": "ray", "execution.workers": 5,
+    })  # fmt: skip
+    with caplog.at_level("WARNING", logger="bulkinfer"):
+        result = run_job(cfg)
+    assert "execution.workers=5 but the Ray cluster fits 2; starting 2" in caplog.text
+    assert result.report["backend"]["workers_started"] == 2
+    assert sorted(read_output(tmp_path / "out")["y"].to_pylist()) == [2 * i for i in range(300)]
+
+
 def test_unreachable_cluster_address_is_one_line(tmp_path):
     write(make_catalog(10), tmp_path / "in.parquet")
     proc = cli(
