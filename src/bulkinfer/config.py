@@ -48,7 +48,8 @@ class SourceConfig(_Section):
     shard_rows: int = Field(default=10_000, ge=1)
     """Target rows per shard, the unit of commit and resume (Parquet shards follow row groups)."""
     max_record_bytes: int = Field(default=64 << 20, ge=1)
-    """A JSONL or batch-file record (line) longer than this is an error row naming its size, never read."""
+    """A record longer than this (a JSONL, batch-file or CSV record; a columnar row's text and binary
+    values in the columns read) is an error row naming its size; line formats never read it."""
     read_batch_rows: int = Field(default=4096, ge=1)
     """Rows per Arrow record batch read from the input."""
     column_types: dict[str, str] = Field(default_factory=dict)

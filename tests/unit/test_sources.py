@@ -103,7 +103,10 @@ def test_unknown_extension_asks_for_format(tmp_path):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     kinds=st.lists(
-        st.sampled_from(["ok", "ok", "ok", "more", "fewer", "blank", "quoted", "multiline", "inch"]), max_size=120
+        st.sampled_from(
+            ["ok", "ok", "ok", "more", "fewer", "blank", "quoted", "multiline", "inch", "long", "longquoted"]
+        ),
+        max_size=120,
     ),
     shard_rows=st.integers(1, 40),
     chunk=st.sampled_from([None, 7, 64]),
@@ -113,10 +116,11 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
     """Every record is either read (with its own number) or reported bad, exactly once, in
     any sharding: ragged ones (too many or too few fields) become error rows, empty lines
     are not records, a quoted value may hold line breaks, commas and doubled quotes, a
-    quote inside an unquoted value is a character. Small scan chunks cut records at
-    chunk edges."""
+    quote inside an unquoted value is a character, a record over the size limit (40 bytes
+    here) is an error row naming its exact size. Small scan chunks cut records at chunk
+    edges and make the scan skip over-long lines."""
     d = tmp_path_factory.mktemp("csv")
-    lines, expect_good, expect_bad, record = ["id,x1"], [], [], 0
+    lines, expect_good, expect_bad, record = ["id,x1"], [], {}, 0
     for kind in kinds:
         if kind == "blank":
             lines.append("")
@@ -129,15 +133,20 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
                 "quoted": f'{record},"a, ""b"""',
                 "multiline": f'{record},"a{newline}b, c"',
                 "inch": f'{record},27" screen',  # a quote inside a value is a character
+                "long": f"{record},{'z' * 50}",
+                "longquoted": f'{record},"{"y" * 30}{newline}{"y" * 30}"',
             }[kind]
         )
-        (expect_bad if kind in ("more", "fewer") else expect_good).append(record)
+        if kind in ("more", "fewer", "long", "longquoted"):
+            expect_bad[record] = kind if kind in ("more", "fewer") else len((lines[-1] + newline).encode())
+        else:
+            expect_good.append(record)
         record += 1
     (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
     with pytest.MonkeyPatch.context() as mp:
         if chunk:
             mp.setattr(sources_csv, "_CHUNK", chunk)
-        shards = plan_shards(list_inputs([str(d)]), shard_rows)
+        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
     if record == 0:
         assert shards == []
         return
@@ -150,10 +159,16 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
             assert batch.column(ROW).to_pylist() == ids  # the row number is the record's
             good.extend(ids)
     assert good == expect_good
-    assert [r for r, _m in bad] == expect_bad
+    assert sorted(r for r, _m in bad) == sorted(expect_bad)
     for row, msg in bad:
-        assert msg.startswith("CSV row has ") and ", expected 2: " in msg
-        assert msg.endswith((f": {row},1,extra", f": {row}"))
+        if isinstance(expect_bad[row], int):
+            assert (
+                msg
+                == f"the record is {expect_bad[row]} bytes, over source.max_record_bytes; split it or raise the limit"
+            )
+        else:
+            assert msg.startswith("CSV row has ") and ", expected 2: " in msg
+            assert msg.endswith((f": {row},1,extra", f": {row}"))
 
 
 def test_a_resumed_csv_shard_skips_the_rows_before_it(tmp_path):

@@ -188,7 +188,8 @@ class LocalRunner:
         pending: list[pa.RecordBatch] = []
         rows = 0
         t0 = time.perf_counter()
-        for batch in read_shard(shard, self.columns, self.cfg.source.read_batch_rows, on_bad_row, self.types):
+        src = self.cfg.source
+        for batch in read_shard(shard, self.columns, src.read_batch_rows, on_bad_row, self.types, src.max_record_bytes):
             pending.append(batch)
             rows += batch.num_rows
             while rows >= window:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import SourceError
-from .base import BadRow, Shard, Span, check_file_columns, numbered, slices
+from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered, slices
 from .files import InputFile, filesystem, read_range
 
 __all__ = ["CsvFormat"]
@@ -27,8 +27,8 @@ class CsvFormat:
     name = "csv"
     extensions: tuple[str, ...] = (".csv",)
 
-    def plan(self, f: InputFile, shard_rows: int, max_record: int = 0) -> list[Span]:
-        return _plan_csv(f, shard_rows)
+    def plan(self, f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
+        return _plan_csv(f, shard_rows, max_record)
 
     def head_schema(self, f: InputFile) -> pa.Schema:
         return _csv_reader(f.uri).schema
@@ -96,37 +96,68 @@ def _csv_header_of(uri: str, _size: int | None, _mtime: str) -> tuple[str, ...]:
 _CHUNK = 1 << 24
 
 
-def _plan_csv(f: InputFile, shard_rows: int) -> list[Span]:
+def _plan_csv(f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
     """Shards of ``shard_rows`` records with the byte range of each, like JSONL: a record is
     a non-empty line, or several when a quoted value holds line breaks; ragged records
-    count (they become error rows). Most files are cut by a vectorised scan of line ends;
-    one with line breaks inside quotes goes through the csv module, which knows quoting."""
+    count (they become error rows), and a record over ``max_record`` bytes is a span of its
+    own, ``oversized`` (an error row, never parsed). Most files are cut by a vectorised scan
+    of line ends, which skips an over-long line without holding it; one with line breaks
+    inside quotes goes through the csv module, which knows quoting."""
     fs, path = filesystem(f.uri)
-    scans = (_record_ends_plain, _record_ends_quoted, partial(_record_ends_quoted, strict=False))
+    scans = (
+        partial(_record_ends_plain, limit=max_record),
+        _record_ends_quoted,
+        partial(_record_ends_quoted, strict=False),
+    )
     with fs.open(path, "rb") as fh:
         for scan in scans:
             fh.seek(0)
             with contextlib.suppress(_LinesAreNotRecords):  # the next scan knows more CSV
-                return _cut_csv(scan(fh, f.uri), shard_rows)
+                return _cut_csv(scan(fh, f.uri), shard_rows, max_record)
     raise AssertionError("the lenient scan accepts every file it does not refuse")
 
 
-def _cut_csv(chunks: Iterator[np.ndarray], shard_rows: int) -> list[Span]:
-    """Shards from the byte offsets after each record (the header's first)."""
-    ranges: list[Span] = []
-    rows, start_off, end = 0, -1, 0
-    for ends in chunks:
+def _cut_csv(
+    chunks: Iterator[tuple[np.ndarray, np.ndarray]], shard_rows: int, max_record: int = MAX_RECORD_BYTES
+) -> list[Span]:
+    """Shards from the byte offsets after each record and the records' sizes (the header's
+    first). A record longer than ``max_record`` is a span of its own."""
+    spans: list[Span] = []
+    rows = start_row = 0
+    start_off = prev = -1
+
+    def take(ends: np.ndarray) -> None:  # records of a normal size: cut every shard_rows
+        nonlocal rows, start_row, start_off
+        i = 0
+        while len(ends) - i >= start_row + shard_rows - rows:
+            i += start_row + shard_rows - rows
+            rows, end = start_row + shard_rows, int(ends[i - 1])
+            spans.append(Span(start_row, rows, start_off, end))
+            start_row, start_off = rows, end
+        rows += len(ends) - i
+
+    for ends, sizes in chunks:
         if start_off < 0 and len(ends):  # the header
-            start_off, ends = int(ends[0]), ends[1:]
-        for k in range(rows // shard_rows + 1, (rows + len(ends)) // shard_rows + 1):
-            end = int(ends[k * shard_rows - rows - 1])
-            ranges.append(Span((k - 1) * shard_rows, k * shard_rows, start_off, end))
-            start_off = end
-        if len(ends):
-            rows, end = rows + len(ends), int(ends[-1])
-    if rows > len(ranges) * shard_rows:
-        ranges.append(Span(len(ranges) * shard_rows, rows, start_off, end))
-    return ranges
+            start_off = prev = int(ends[0])
+            ends, sizes = ends[1:], sizes[1:]
+        if not len(ends):
+            continue
+        big = np.flatnonzero(sizes > max_record)
+        i = 0
+        for b in big.tolist():
+            take(ends[i:b])
+            before = int(ends[b - 1]) if b else prev
+            if rows > start_row:
+                spans.append(Span(start_row, rows, start_off, before))
+            spans.append(Span(rows, rows + 1, int(ends[b] - sizes[b]), int(ends[b]), oversized=True))
+            rows += 1
+            start_row, start_off = rows, int(ends[b])
+            i = b + 1
+        take(ends[i:])
+        prev = int(ends[-1])
+    if rows > start_row:
+        spans.append(Span(start_row, rows, start_off, prev))
+    return spans
 
 
 class _LinesAreNotRecords(Exception):
@@ -136,13 +167,24 @@ class _LinesAreNotRecords(Exception):
 _COMMA, _QUOTE, _CR, _LF = 44, 34, 13, 10
 
 
-def _record_ends_plain(fh: Any, uri: str) -> Iterator[np.ndarray]:
-    """Byte offsets after the non-empty lines (CRLF or LF), a chunk at a time, for files
+def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Byte offsets after the non-empty lines (CRLF or LF) and their sizes, a chunk at a time, for files
     whose lines are their records: every quote opens or closes a field (or is doubled
     inside one) and no line break falls between an opening and a closing quote. Raises
-    :class:`_LinesAreNotRecords` otherwise."""
+    :class:`_LinesAreNotRecords` otherwise. A line still open past ``limit`` bytes is
+    read on to its end a chunk at a time and let go (the planner makes it an error row)."""
     base, carry, quotes = 0, b"", 0
     while True:
+        if len(carry) > limit:  # a line over the limit: find its end without holding it
+            quotes += carry.count(b'"')
+            end = _skip_line(fh)
+            quotes += end[1]
+            if quotes % 2:
+                raise _LinesAreNotRecords  # a quoted value spans lines: the csv module decides
+            size = len(carry) + end[0]
+            base, carry = base + size, b""
+            yield np.asarray([base], dtype=np.int64), np.asarray([size], dtype=np.int64)
+            continue
         chunk = fh.read(_CHUNK)
         buf = carry + chunk
         if not buf:
@@ -168,14 +210,30 @@ def _record_ends_plain(fh: Any, uri: str) -> Iterator[np.ndarray]:
         begins = np.concatenate(([0], stops[:-1]))
         length = stops - begins
         empty = (length == 1) | ((length == 2) & (data[np.minimum(begins, len(buf) - 1)] == _CR))
-        yield base + stops[~empty]
+        yield base + stops[~empty], length[~empty]
         base, carry = base + done, buf[done:]
         if not chunk:
             return
 
 
-def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[np.ndarray]:
-    """Byte offsets after the non-empty records, quoting understood (csv module), in chunks.
+def _skip_line(fh: Any) -> tuple[int, int]:
+    """Read on to the end of the current line: (bytes read, quotes among them). The bytes
+    after the line end are put back (the file position is left just past it)."""
+    size = quotes = 0
+    while True:
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            return size, quotes
+        at = chunk.find(b"\n")
+        if at >= 0:
+            fh.seek(at + 1 - len(chunk), 1)
+            return size + at + 1, quotes + chunk.count(b'"', 0, at)
+        size, quotes = size + len(chunk), quotes + chunk.count(b'"')
+
+
+def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Byte offsets after the non-empty records and their sizes, quoting understood (csv
+    module), in chunks.
     A quote still open at the end of the file fails the file (it would swallow every
     record after it); ``strict`` also refuses text after a closing quote (``"a"b``), so
     the planner retries those files leniently, as pyarrow reads them."""
@@ -189,13 +247,15 @@ def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[np.n
             yield line.decode("utf-8", "surrogateescape")
 
     ends: list[int] = []
+    sizes: list[int] = []
     try:
         for record in csv.reader(lines(), strict=strict):
             if record:
                 ends.append(pos)
+                sizes.append(pos - last)
                 if len(ends) == 65536:
-                    yield np.asarray(ends, dtype=np.int64)
-                    ends = []
+                    yield np.asarray(ends, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+                    ends, sizes = [], []
             last = pos
     except csv.Error as exc:
         if "unexpected end of data" in str(exc):
@@ -213,7 +273,7 @@ def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[np.n
         if strict:
             raise _LinesAreNotRecords from None
         raise SourceError(f"{uri}: malformed CSV near byte {pos} ({exc}); fix or remove the file", uri) from exc
-    yield np.asarray(ends, dtype=np.int64)
+    yield np.asarray(ends, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
 
 
 def _read_csv(

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import SourceError
 from ..schema import convert_rows
@@ -63,19 +64,44 @@ def plan_shards(
     return shards
 
 
+def _drop_oversized(batch: pa.RecordBatch, columns: Sequence[str], limit: int, bad: BadRow) -> pa.RecordBatch:
+    """The batch without its rows whose text and binary values add up to over ``limit``
+    bytes; each of those is reported to ``bad`` with its size."""
+    sizes = None
+    for c in columns:
+        col = batch.column(c)
+        t = col.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            n = pc.fill_null(pc.binary_length(col), 0).cast(pa.int64())
+            sizes = n if sizes is None else pc.add(sizes, n)
+    if sizes is None:
+        return batch
+    over = pc.greater(sizes, limit)
+    if not pc.any(over).as_py():
+        return batch
+    rows = batch.column(ROW).to_numpy()
+    for i in np.flatnonzero(over.to_numpy(zero_copy_only=False)):
+        size = sizes[int(i)].as_py()
+        bad(int(rows[i]), f"the record is {size} bytes, over source.max_record_bytes; split it or raise the limit")
+    return batch.filter(pc.invert(over))
+
+
 def read_shard(
     shard: Shard,
     columns: Sequence[str],
     batch_rows: int = 4096,
     on_bad_row: BadRow | None = None,
     types: Mapping[str, pa.DataType] | None = None,
+    max_record: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the shard's rows, in order, as record batches of ``columns`` plus :data:`ROW`,
     each column of ``types`` converted to its type there.
 
-    Rows that cannot be parsed (a JSONL line, a ragged CSV record) or whose value does not
-    fit the column's type are skipped and reported to ``on_bad_row(row, message)``; without
-    it they raise :class:`SourceError`.
+    Rows that cannot be parsed (a JSONL line, a ragged CSV record), whose value does not
+    fit the column's type, or (columnar files) whose text and binary values in ``columns``
+    add up to more than ``max_record`` bytes are skipped and reported to
+    ``on_bad_row(row, message)``; without it they raise :class:`SourceError`. (Line formats
+    meet ``max_record`` at planning: an over-long record is an ``oversized`` shard.)
     """
     types = types or {}
 
@@ -95,6 +121,8 @@ def read_shard(
                 batch = numbered(batch, np.arange(next_row, next_row + batch.num_rows))
             if batch.num_rows:
                 next_row = int(batch.column(ROW)[-1].as_py()) + 1
+            if max_record is not None and shard.offset is None:
+                batch = _drop_oversized(batch, columns, max_record, bad)
             if any(c in types and batch.schema.field(c).type != types[c] for c in columns):
                 table, _rows = convert_rows(pa.Table.from_batches([batch]), types, batch.column(ROW).to_numpy(), bad)
                 if not table.num_rows:
