@@ -179,9 +179,6 @@ def make_plan(
     """
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
     inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns)
-    uris = [f.uri for f in inputs]
-    heads = dict(zip(uris, concurrently(head_schema, inputs, uris), strict=True))
-    check_columns(heads, columns)
     identity = job_identity(cfg)
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),
@@ -197,6 +194,15 @@ def make_plan(
     if retry_errors and existing is not None and existing.fingerprint != draft.fingerprint:
         draft = replace(draft, fingerprint=_retry_fingerprint(existing, draft))
     same = existing is not None and existing.fingerprint == draft.fingerprint
+    if same and existing is not None and existing.column_types is not None:
+        # a resume: the inputs are the ones planned (their fingerprints say so), and job.json
+        # holds their shards and types, so no footer or head is read again
+        return replace(
+            draft, shards=existing.shards, input_errors=existing.input_errors, column_types=existing.column_types
+        )
+    uris = [f.uri for f in inputs]
+    heads = dict(zip(uris, concurrently(head_schema, inputs, uris), strict=True))
+    check_columns(heads, columns)
     if same:
         assert existing is not None
         shards, input_errors = existing.shards, existing.input_errors
@@ -207,11 +213,9 @@ def make_plan(
         input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p) for p in problems]
         if problems and not shards:
             raise _none_readable(problems, len(inputs))
-    if same and existing is not None and existing.column_types is not None:
-        column_types = existing.column_types  # as the run that planned these shards read them
-    else:  # the types the planned files start with; a file skipped at planning has no say
-        settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
-        column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
+    # the types the planned files start with; a file skipped at planning has no say
+    settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
+    column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
     return replace(draft, shards=shards, input_errors=input_errors, column_types=column_types)
 
 
