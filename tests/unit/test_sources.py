@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bulkinfer.sources.csv as sources_csv
+import bulkinfer.sources.linescan as linescan
 from bulkinfer.errors import SourceError
 from bulkinfer.sources import ROW, list_inputs, plan_shards, read_shard
 
@@ -145,7 +145,7 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
     (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
     with pytest.MonkeyPatch.context() as mp:
         if chunk:
-            mp.setattr(sources_csv, "_CHUNK", chunk)
+            mp.setattr(linescan, "CHUNK", chunk)
         shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
     if record == 0:
         assert shards == []
@@ -169,6 +169,68 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
         else:
             assert msg.startswith("CSV row has ") and ", expected 2: " in msg
             assert msg.endswith((f": {row},1,extra", f": {row}"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(st.sampled_from(["ok", "ok", "ok", "blank", "spaces", "indented", "invalid", "long"]), max_size=120),
+    shard_rows=st.integers(1, 40),
+    chunk=st.sampled_from([None, 5, 64]),
+    newline=st.sampled_from(["\n", "\r\n"]),
+    last_newline=st.booleans(),
+)
+def test_jsonl_records_are_read_or_reported_once_numbered_in_place(
+    tmp_path_factory, kinds, shard_rows, chunk, newline, last_newline
+):
+    """The vectorised scan of line ends numbers JSONL records as a line-by-line reading
+    would: blank and whitespace-only lines are not records, an indented object is one, an
+    invalid line is an error row, a line over the limit (40 bytes here) is an error row
+    naming its size; small chunks cut lines at chunk edges and make the scan skip long ones."""
+    d = tmp_path_factory.mktemp("jsonl")
+    lines, expect_good, expect_bad, record = [], [], {}, 0
+    for kind in kinds:
+        if kind in ("blank", "spaces"):
+            lines.append("" if kind == "blank" else " \t ")
+            continue
+        lines.append(
+            {
+                "ok": f'{{"id": {record}}}',
+                "indented": f'  {{"id": {record}}}',
+                "invalid": f'{{"id": {record},',
+                "long": f'{{"id": {record}, "t": "{"z" * 50}"}}',
+            }[kind]
+        )
+        if kind in ("invalid", "long"):
+            expect_bad[record] = len((lines[-1] + newline).encode()) if kind == "long" else kind
+        else:
+            expect_good.append(record)
+        record += 1
+    text = newline.join(lines) + (newline if last_newline else "")
+    if not last_newline and kinds and kinds[-1] == "long":  # the size counts the line end it has
+        expect_bad[record - 1] -= len(newline)
+    (d / "a.jsonl").write_bytes(text.encode())
+    with pytest.MonkeyPatch.context() as mp:
+        if chunk:
+            mp.setattr(linescan, "CHUNK", chunk)
+        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
+    if record == 0:
+        assert shards == []
+        return
+    assert (shards[0].start, shards[-1].stop) == (0, record)
+    assert all(s.num_rows <= shard_rows for s in shards)
+    good, bad = [], []
+    for s in shards:
+        for batch in read_shard(s, ["id"], batch_rows=5, on_bad_row=lambda row, msg: bad.append((row, msg))):
+            ids = batch.column("id").to_pylist()
+            assert batch.column(ROW).to_pylist() == ids
+            good.extend(ids)
+    assert good == expect_good
+    assert sorted(r for r, _m in bad) == sorted(expect_bad)
+    for row, msg in bad:
+        if isinstance(expect_bad[row], int):
+            assert msg == (
+                f"the record is {expect_bad[row]} bytes, over source.max_record_bytes; split it or raise the limit"
+            )
 
 
 def test_a_resumed_csv_shard_skips_the_rows_before_it(tmp_path):

@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import SourceError
+from . import linescan
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered, slices
 from .files import InputFile, filesystem, read_range
+from .linescan import cut_spans, skip_line
 
 __all__ = ["CsvFormat"]
 
@@ -93,9 +95,6 @@ def _csv_header_of(uri: str, _size: int | None, _mtime: str) -> tuple[str, ...]:
     return tuple(_csv_reader(uri).schema.names)
 
 
-_CHUNK = 1 << 24
-
-
 def _plan_csv(f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
     """Shards of ``shard_rows`` records with the byte range of each, like JSONL: a record is
     a non-empty line, or several when a quoted value holds line breaks; ragged records
@@ -113,51 +112,8 @@ def _plan_csv(f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES)
         for scan in scans:
             fh.seek(0)
             with contextlib.suppress(_LinesAreNotRecords):  # the next scan knows more CSV
-                return _cut_csv(scan(fh, f.uri), shard_rows, max_record)
+                return cut_spans(scan(fh, f.uri), shard_rows, max_record, header=True)
     raise AssertionError("the lenient scan accepts every file it does not refuse")
-
-
-def _cut_csv(
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]], shard_rows: int, max_record: int = MAX_RECORD_BYTES
-) -> list[Span]:
-    """Shards from the byte offsets after each record and the records' sizes (the header's
-    first). A record longer than ``max_record`` is a span of its own."""
-    spans: list[Span] = []
-    rows = start_row = 0
-    start_off = prev = -1
-
-    def take(ends: np.ndarray) -> None:  # records of a normal size: cut every shard_rows
-        nonlocal rows, start_row, start_off
-        i = 0
-        while len(ends) - i >= start_row + shard_rows - rows:
-            i += start_row + shard_rows - rows
-            rows, end = start_row + shard_rows, int(ends[i - 1])
-            spans.append(Span(start_row, rows, start_off, end))
-            start_row, start_off = rows, end
-        rows += len(ends) - i
-
-    for ends, sizes in chunks:
-        if start_off < 0 and len(ends):  # the header
-            start_off = prev = int(ends[0])
-            ends, sizes = ends[1:], sizes[1:]
-        if not len(ends):
-            continue
-        big = np.flatnonzero(sizes > max_record)
-        i = 0
-        for b in big.tolist():
-            take(ends[i:b])
-            before = int(ends[b - 1]) if b else prev
-            if rows > start_row:
-                spans.append(Span(start_row, rows, start_off, before))
-            spans.append(Span(rows, rows + 1, int(ends[b] - sizes[b]), int(ends[b]), oversized=True))
-            rows += 1
-            start_row, start_off = rows, int(ends[b])
-            i = b + 1
-        take(ends[i:])
-        prev = int(ends[-1])
-    if rows > start_row:
-        spans.append(Span(start_row, rows, start_off, prev))
-    return spans
 
 
 class _LinesAreNotRecords(Exception):
@@ -177,7 +133,7 @@ def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iter
     while True:
         if len(carry) > limit:  # a line over the limit: find its end without holding it
             quotes += carry.count(b'"')
-            end = _skip_line(fh)
+            end = skip_line(fh)
             quotes += end[1]
             if quotes % 2:
                 raise _LinesAreNotRecords  # a quoted value spans lines: the csv module decides
@@ -185,7 +141,7 @@ def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iter
             base, carry = base + size, b""
             yield np.asarray([base], dtype=np.int64), np.asarray([size], dtype=np.int64)
             continue
-        chunk = fh.read(_CHUNK)
+        chunk = fh.read(linescan.CHUNK)
         buf = carry + chunk
         if not buf:
             return
@@ -214,21 +170,6 @@ def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iter
         base, carry = base + done, buf[done:]
         if not chunk:
             return
-
-
-def _skip_line(fh: Any) -> tuple[int, int]:
-    """Read on to the end of the current line: (bytes read, quotes among them). The bytes
-    after the line end are put back (the file position is left just past it)."""
-    size = quotes = 0
-    while True:
-        chunk = fh.read(1 << 20)
-        if not chunk:
-            return size, quotes
-        at = chunk.find(b"\n")
-        if at >= 0:
-            fh.seek(at + 1 - len(chunk), 1)
-            return size + at + 1, quotes + chunk.count(b'"', 0, at)
-        size, quotes = size + len(chunk), quotes + chunk.count(b'"')
 
 
 def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:

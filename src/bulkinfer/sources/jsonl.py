@@ -18,6 +18,7 @@ import pyarrow.json as pajson
 from ..schema import fit_value
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered
 from .files import InputFile, filesystem, open_binary, read_range
+from .linescan import cut_spans, line_ends
 
 __all__ = ["HEAD_BYTES", "JsonlFormat", "json_lines", "lines", "plan_lines"]
 
@@ -79,6 +80,9 @@ def plan_lines(
     ``max_record`` bytes is a span of its own, ``oversized``. ``on_line(row, line)`` sees
     every other line (an OpenAI batch file's custom_ids)."""
     fs, path = filesystem(f.uri)
+    if on_line is None:  # only the line ends are needed: the vectorised scan
+        with fs.open(path, "rb") as fh:
+            return cut_spans(line_ends(fh, max_record), shard_rows, max_record)
     spans: list[Span] = []
     rows = start_row = pos = start_off = 0
     with fs.open(path, "rb") as fh:
