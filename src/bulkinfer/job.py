@@ -113,6 +113,11 @@ def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors
     was fixed); those that succeed leave ``_errors/``, those that fail again stay.
     """
     stop = stop or threading.Event()
+    with _signals(stop):  # from the start: a signal while the model loads or the plan is made exits 75 too
+        return _run_job(cfg, stop, retry_errors)
+
+
+def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunResult:
     redact(cfg.execution.redact)
     job = prepare(cfg)
     baseline = load_baseline(job.cfg.monitor.baseline)
@@ -318,6 +323,8 @@ def execute(
     else:
         todo = remaining_work(plan.shards, committed)
         passes = [(todo, committer, None)] if todo else []
+    if passes and stop.is_set():  # stopped while planning or starting: nothing is in flight
+        raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
 
         def gate() -> None:
@@ -368,10 +375,15 @@ def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp
 @contextmanager
 def _running(stats: RunStats, stop: threading.Event, cfg: JobConfig, out_dir: Path) -> Iterator[Progress]:
     """Progress display and signal handling around a run; ``Interrupted`` once stopped."""
+    # the job's handlers again: the runner's start-up may have replaced them (ray.init installs its own)
     with Progress(stats, cfg.execution.progress, cfg.execution.log_interval_s) as progress, _signals(stop):
         yield progress
     if stop.is_set():
-        raise Interrupted(f"{out_dir}: interrupted; committed rows are kept, rerun the same command to resume")
+        raise Interrupted(_interrupted(out_dir))
+
+
+def _interrupted(out_dir: Path | str) -> str:
+    return f"{out_dir}: interrupted; committed rows are kept, rerun the same command to resume"
 
 
 @contextmanager

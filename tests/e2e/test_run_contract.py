@@ -55,6 +55,21 @@ MODELS = textwrap.dedent("""
             return {"y": [2 * v for v in batch["x1"].to_pylist()]}
 
 
+    class SlowToLoad(Adapter):
+        '''Doubles x1; while the file "hold" exists its loading says so ("loading") and waits.'''
+
+        input_columns = ("x1",)
+
+        def setup(self, ctx):
+            open("loading", "w").close()
+            while os.path.exists("hold"):
+                time.sleep(0.01)
+
+        def predict(self, batch):
+            open("predicted", "w").close()
+            return {"y": [2 * v for v in batch["x1"].to_pylist()]}
+
+
     class ByLength(Adapter):
         '''A model whose cost is a text's length: batches are formed from length-sorted rows.'''
 
@@ -124,6 +139,32 @@ def test_a_second_signal_exits_at_once_and_nothing_half_written_is_visible(tmp_p
     cli(*args, cwd=tmp_path, env=env, check=True)
     out = read_output(tmp_path / "out")
     assert out["id"].to_pylist() == list(range(600))
+
+
+def test_a_signal_while_the_model_loads_exits_75_having_inferred_nothing(tmp_path, models):
+    """SIGTERM lands before any shard started (the model is loading): the run exits 75 like
+    one stopped mid-run, not killed by the signal, and infers nothing; a rerun does it all."""
+    write(tabular_table(300), tmp_path / "in.parquet", row_group_size=100)
+    (tmp_path / "hold").touch()
+    args = ["run", "-i", "in.parquet", "-m", f"{models}:SlowToLoad", "--id-column", "id", "--shard-rows", "100",
+            "-o", "out", "--progress", "none"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "bulkinfer", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "loading").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    (tmp_path / "hold").unlink()  # loading ends; the run must see the signal and take no work
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert "interrupted; committed rows are kept" in err
+    assert not (tmp_path / "predicted").exists()
+    assert not (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().strip()
+    cli(*args, cwd=tmp_path, env=env, check=True)
+    assert read_output(tmp_path / "out")["id"].to_pylist() == list(range(300))
 
 
 def test_resume_without_an_id_column_writes_every_row_once_in_input_order(tmp_path, models):
