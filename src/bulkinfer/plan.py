@@ -21,7 +21,7 @@ from .errors import SourceError
 from .records import ErrorRecord
 from .schema import type_name
 from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
-from .sources.files import concurrently
+from .sources.files import concurrently, forget_footers
 
 if TYPE_CHECKING:
     from .adapters import Adapter, ResolvedModel
@@ -177,8 +177,18 @@ def make_plan(
     Refuses up front (``SourceError``) when a needed column is in no input file, and when
     no input file could be planned at all.
     """
+    try:
+        return _make_plan(cfg, model, adapter, existing, retry_errors)
+    finally:
+        forget_footers()  # the footers fingerprinting kept for this plan
+
+
+def _make_plan(
+    cfg: JobConfig, model: ResolvedModel, adapter: Adapter, existing: JobPlan | None, retry_errors: bool
+) -> JobPlan:
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
-    inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns)
+    known = existing.inputs if existing is not None else ()
+    inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns, known)
     identity = job_identity(cfg)
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),

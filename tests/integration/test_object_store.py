@@ -280,3 +280,72 @@ def test_an_index_is_built_from_an_output_in_the_bucket(s3job, s3_server, tmp_pa
     assert sorted(pq_.read_table(tmp_path / "items.index.ids.parquet")["id"].to_pylist()) == list(range(250))
     meta = json.loads((tmp_path / "items.index.json").read_text())
     assert meta["source"] == f"s3://{bucket}/out" and meta["job_fingerprint"]
+
+
+PLAN_ONLY = """
+import json, pathlib, sys
+from bulkinfer import load_config
+from bulkinfer.adapters import build_adapter, resolve_model
+from bulkinfer.plan import JobPlan, make_plan
+
+cfg = load_config(overrides={"source.paths": [sys.argv[1]], "model.name": "s3model:embed",
+                             "model.feature_columns": ["x"], "source.id_column": "id", "source.shard_rows": 10000,
+                             "sink.path": "unused"})
+model = resolve_model(cfg)
+stored = pathlib.Path("plan.json")  # as job.json holds it: the second run is a resume
+existing = JobPlan.from_json(json.loads(stored.read_text())) if stored.exists() else None
+plan = make_plan(cfg, model, build_adapter(cfg, model), existing)
+stored.write_text(json.dumps(plan.to_json()))
+print(json.dumps([[s.uri.rsplit("/", 1)[-1], s.start, s.stop] for s in plan.shards]))
+"""
+
+
+def test_planning_parquet_on_s3_costs_the_listing_and_one_read_per_small_file(s3job, s3_server, proxy, tmp_path):
+    """Fingerprint, schema and row groups of a small Parquet file come from one ranged GET (its
+    footer is in the bytes the fingerprint hashes); a big one costs two (head and tail); the
+    sizes and versions come from the listing. A resume costs the listing alone (the ETags
+    are the ones planned); a file replaced since is read again (and the run would refuse it).
+    Counted at a proxy in front of the server."""
+    _config, bucket = s3job
+    client = s3_server.client()
+    for i in range(12):
+        t = pa.table({"id": np.arange(10 * i, 10 * i + 10), "x": np.arange(10)})
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        client.put_object(Bucket=bucket, Key=f"many/f{i:02d}.parquet", Body=buf.getvalue())
+    big = pa.table({"id": np.arange(1000, 31000), "x": np.random.default_rng(0).normal(size=30000)})
+    buf = io.BytesIO()
+    pq.write_table(big, buf, row_group_size=10000, compression="none")
+    assert len(buf.getvalue()) > 2 * 65536  # the footer is in the tail, apart from the head
+    client.put_object(Bucket=bucket, Key="many/z-big.parquet", Body=buf.getvalue())
+    (tmp_path / "plan_only.py").write_text(PLAN_ONLY)
+    env = {**os.environ, **s3_server.env, "AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tmp_path)}
+    before = proxy.served
+    proc = subprocess.run([sys.executable, "plan_only.py", f"s3://{bucket}/many/"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shards = json.loads(proc.stdout)
+    assert shards[:12] == [[f"f{i:02d}.parquet", 0, 10] for i in range(12)]
+    assert shards[12:] == [
+        ["z-big.parquet", 0, 10000],
+        ["z-big.parquet", 10000, 20000],
+        ["z-big.parquet", 20000, 30000],
+    ]
+    requests = proxy.served - before
+    # 12 + 2 reads, and the listing: is it a directory (a HEAD, a LIST) and the LIST of its objects
+    assert 14 <= requests <= 14 + 3, requests
+
+    def plan_again() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "plan_only.py", f"s3://{bucket}/many/"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)  # fmt: skip
+
+    before = proxy.served
+    again = plan_again()
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == shards
+    assert proxy.served - before <= 3  # the listing only
+    client.put_object(Bucket=bucket, Key="many/f03.parquet", Body=buf.getvalue())  # new content: a new ETag
+    before = proxy.served
+    changed = plan_again()
+    assert proxy.served - before >= 1 + 3  # that one is read again
+    assert json.loads(changed.stdout)[3] == ["f03.parquet", 0, 10000]  # planned anew (the store says so)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob as _glob
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -103,20 +104,28 @@ def _is_data_file(path: str, extensions: Sequence[str]) -> bool:
     return not name.startswith(("_", ".")) and any(name.lower().endswith(e) for e in extensions)
 
 
-def _expand(pattern: str, extensions: Sequence[str]) -> list[str]:
+def _files(found: Any) -> dict[str, dict[str, Any]]:
+    """A listing's files (``find``/``glob`` with ``detail=True``) by path."""
+    return {p: info for p, info in found.items() if info.get("type", "file") == "file"}
+
+
+def _expand(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The files ``pattern`` names, each with what its listing said of it (size, ETag or
+    mtime): a listing of a directory or a glob costs one request per 1,000 objects on an
+    object store, where asking each file would cost one per file."""
     fs, path = filesystem(pattern)
     if _glob.has_magic(path):
-        found = [p for p in fs.glob(path) if fs.isfile(p)]
+        found = _files(fs.glob(path, detail=True))
         if not found:
             raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
-        return [_qualify(fs, p) for p in found]
+        return {_qualify(fs, p): info for p, info in found.items()}
     if fs.isdir(path):
-        found = [p for p in fs.find(path) if _is_data_file(p, extensions)]
+        found = {p: i for p, i in _files(fs.find(path, detail=True)).items() if _is_data_file(p, extensions)}
         if not found:
             raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file", pattern)
-        return [_qualify(fs, p) for p in found]
+        return {_qualify(fs, p): info for p, info in found.items()}
     if fs.isfile(path):
-        return [_qualify(fs, path)]
+        return {_qualify(fs, path): fs.info(path)}
     raise SourceError(f"{pattern}: no such file or directory; check the path", pattern)
 
 
@@ -124,39 +133,87 @@ def expand_inputs(pattern: str) -> list[str]:
     """The files a path, directory or glob names (data files of the known formats in a directory)."""
     from .registry import EXTENSIONS
 
-    return _expand(pattern, list(EXTENSIONS))
+    return list(_expand(pattern, list(EXTENSIONS)))
 
 
-def fingerprint(uri: str, fmt: str) -> InputFile:
+def fingerprint(uri: str, fmt: str, info: dict[str, Any] | None = None, known: InputFile | None = None) -> InputFile:
+    """``uri``'s fingerprint: size and version from ``info`` (its listing's entry) or asked
+    for, and a hash of its first and last 64 KiB, read by two ranged reads (one for a small
+    file; by keyword: s3fs takes a version id second). A Parquet file's footer found in that
+    tail is kept for the planner.
+
+    ``known`` is the fingerprint a plan holds (a resume): when the store names versions by
+    an entity tag (S3, GCS, Azure: a new tag for new content) and size and tag are the
+    ones known, it is taken without reading the file. Elsewhere (an mtime can be set back)
+    the hash is read again."""
     fs, path = filesystem(uri)
-    info = fs.info(path)
+    if info is None:
+        info = fs.info(path)
     size = int(info.get("size") or 0)
-    version = str(
-        info.get("ETag")
-        or info.get("etag")
-        or info.get("mtime")
-        or info.get("LastModified")
-        or info.get("created")
-        or ""
-    )
+    tag = info.get("ETag") or info.get("etag")
+    version = str(tag or info.get("mtime") or info.get("LastModified") or info.get("created") or "")
+    if tag and known is not None and known.format == fmt and (known.size, known.version) == (size, version):
+        return known
     try:
         h = hashlib.sha256()
-        with fs.open(path, "rb") as f:
-            h.update(f.read(_HASH_BYTES))
-            if size > _HASH_BYTES:
-                f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
-                h.update(f.read(_HASH_BYTES))
+        tail = head = fs.cat_file(path, start=0, end=min(size, _HASH_BYTES)) if size else b""
+        h.update(head)
+        if size > _HASH_BYTES:
+            tail = fs.cat_file(path, start=max(_HASH_BYTES, size - _HASH_BYTES), end=size)
+            h.update(tail)
     except OSError as exc:  # planning reports it as a problem of this file; the job goes on with the others
         why = str(exc.strerror or exc)
         return InputFile(uri=uri, format=fmt, size=size, version=version, digest="", unreadable=why)
-    return InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
+    f = InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
+    if fmt == "parquet":
+        _keep_footer(f, tail)
+    return f
+
+
+# Parquet footers seen in the tails fingerprinting read: planning takes each file's schema
+# and row groups from them instead of reading the footer twice more (on an object store,
+# two requests or more per file). Bounded; make_plan empties it when it is done.
+_FOOTERS: dict[tuple[str, str], bytes] = {}
+_FOOTERS_LOCK = threading.Lock()
+_FOOTERS_BUDGET = 64 << 20
+_footers_size = 0
+
+
+def _keep_footer(f: InputFile, tail: bytes) -> None:
+    if len(tail) < 12 or tail[-4:] != b"PAR1":
+        return
+    length = int.from_bytes(tail[-8:-4], "little") + 8
+    if length > len(tail):  # the footer is not all in the tail
+        return
+    global _footers_size
+    with _FOOTERS_LOCK:
+        if _footers_size + length <= _FOOTERS_BUDGET:
+            _FOOTERS[(f.uri, f.digest)] = tail[-length:]
+            _footers_size += length
+
+
+def parquet_footer(f: InputFile) -> bytes | None:
+    """The footer (metadata, its length, ``PAR1``) of a Parquet file fingerprinted here, if kept."""
+    return _FOOTERS.get((f.uri, f.digest))
+
+
+def forget_footers() -> None:
+    global _footers_size
+    with _FOOTERS_LOCK:
+        _FOOTERS.clear()
+        _footers_size = 0
 
 
 def list_inputs(
-    patterns: Sequence[str], declared_format: str = "auto", source: Any = None, columns: Sequence[str] = ()
+    patterns: Sequence[str],
+    declared_format: str = "auto",
+    source: Any = None,
+    columns: Sequence[str] = (),
+    known: Sequence[InputFile] = (),
 ) -> list[InputFile]:
     """Expand paths, directories and globs into fingerprinted files, sorted, without duplicates;
-    for a Delta or Iceberg source (``source``: its config), the data files of the chosen snapshot."""
+    for a Delta or Iceberg source (``source``: its config), the data files of the chosen snapshot.
+    ``known``: the fingerprints the output's plan holds (see :func:`fingerprint`)."""
     from .registry import EXTENSIONS, detect_format
 
     if declared_format in ("delta", "iceberg"):
@@ -164,12 +221,13 @@ def list_inputs(
 
         return table_inputs(patterns, source, columns)
 
-    uris: list[str] = []
+    found: dict[str, dict[str, Any]] = {}
     for pattern in patterns:
-        uris.extend(_expand(pattern, list(EXTENSIONS)))
-    unique = sorted(set(uris))
-    formats = [detect_format(u, declared_format) for u in unique]
-    return concurrently(lambda pair: fingerprint(*pair), list(zip(unique, formats, strict=True)), unique)
+        found.update(_expand(pattern, list(EXTENSIONS)))
+    unique = sorted(found)
+    before = {f.uri: f for f in known}
+    items = [(u, detect_format(u, declared_format), found[u], before.get(u)) for u in unique]
+    return concurrently(lambda item: fingerprint(*item), items, unique)
 
 
 T = TypeVar("T")

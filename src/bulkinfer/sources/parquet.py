@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from ..errors import SourceError
 from .base import BadRow, Shard, Span, check_file_columns
-from .files import InputFile, path_or_file
+from .files import InputFile, parquet_footer, path_or_file
 
 __all__ = ["ParquetFormat"]
 
@@ -20,7 +20,7 @@ class ParquetFormat:
 
     def plan(self, f: InputFile, shard_rows: int, max_record: int = 0) -> list[Span]:
         try:
-            meta = pq.ParquetFile(path_or_file(f.uri)).metadata
+            meta = _parquet_file(f).metadata
         except (pa.ArrowInvalid, OSError) as exc:
             raise SourceError(f"{f.uri}: not a readable Parquet file ({exc}); rewrite or remove it", f.uri) from exc
         spans: list[Span] = []
@@ -39,7 +39,7 @@ class ParquetFormat:
         return spans
 
     def head_schema(self, f: InputFile) -> pa.Schema:
-        return pq.read_schema(path_or_file(f.uri))
+        return _parquet_file(f).schema_arrow
 
     def read(
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
@@ -67,3 +67,15 @@ class ParquetFormat:
             yield batch
             if remaining <= 0:
                 return
+
+
+def _parquet_file(f: InputFile) -> pq.ParquetFile:
+    """``f`` opened for its metadata: from the footer fingerprinting kept when it did (no
+    read at all), else from the file."""
+    footer = parquet_footer(f)
+    if footer is not None:
+        try:
+            return pq.ParquetFile(pa.BufferReader(b"PAR1" + footer))
+        except (pa.ArrowInvalid, OSError):
+            pass  # the file says why, below
+    return pq.ParquetFile(path_or_file(f.uri))
