@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .credentials import find_masked
 from .errors import ConfigError
 
 __all__ = [
@@ -529,6 +530,10 @@ def load_config(
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set runtime.batch_size=64")
         _set_dotted(data, key.strip(), parse_value(raw.strip()))
+    if base is not None and path is None and (masked := find_masked(data)) is not None:
+        raise ConfigError(
+            f"{masked}: the output's job.json keeps no credentials; rerun with the job file that holds it (-c)"
+        )
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:

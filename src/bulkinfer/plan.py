@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .config import JobConfig
+from .credentials import scrub
 from .errors import SourceError
 from .records import ErrorRecord
 from .schema import type_name
@@ -189,7 +190,7 @@ def _make_plan(
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
     known = existing.inputs if existing is not None else ()
     inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns, known)
-    identity = job_identity(cfg)
+    identity = scrub(job_identity(cfg))  # a password changed between a crash and its resume changes nothing written
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),
         identity=identity,
@@ -197,7 +198,7 @@ def _make_plan(
         model_location=model.location,
         model_digest=model.digest,
         inputs=inputs,
-        config=cfg.model_dump(mode="json"),
+        config=scrub(cfg.model_dump(mode="json")),  # job.json sits beside the output: no credentials in it
         shards=[],
         created=time.time(),
     )

@@ -89,3 +89,58 @@ def test_serve_withholds_the_value_a_model_fails_on(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+SECRET = "SECRET-8f3a6c"
+
+
+def test_credentials_in_the_config_reach_no_file_and_a_retry_asks_for_them(tmp_path, s3_server, postgres_server):
+    """An S3 sink's key and secret and a PostgreSQL password in the export's DSN are used
+    (the job writes through both) but written nowhere: not in the bucket (job.json, the
+    report, the manifest) nor in the local folder nor the run's output. --retry-errors
+    on an output whose job.json had a password refuses with the field to give again."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "redactmodel.py").write_text(MODEL)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(f'{{"id": {i}, "text": "row {i}"}}\n' for i in range(20)))
+    bucket = s3_server.bucket("creds")
+    options = {**s3_server.options, "key": f"AKIA{SECRET}", "secret": SECRET}  # moto takes any credentials
+    user, rest = postgres_server.dsn.split("@", 1)
+    dsn = f"{user}:{SECRET}@{rest}"  # trust authentication: the password is sent, never checked
+    table = f"creds_{os.getpid()}"
+    export = f'[{{kind = "postgres", dsn = "{dsn}", table = "{table}", mode = "append", vector = "array"}}]'
+    opts = "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in options.items()) + "}"
+    common = ["-i", "in/a.jsonl", "-m", "redactmodel:score", "--text-column", "text", "--id-column", "id",
+              "--progress", "none", "--set", f"export={export}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = cli("run", *common, "-o", f"s3://{bucket}/out", "--set", f"sink.storage_options={opts}", cwd=tmp_path,
+               env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    keys = s3_server.keys(bucket)
+    assert "out/_SUCCESS" in keys and "out/_bulkinfer/job.json" in keys
+    assert [k for k in keys if SECRET in s3_server.get(bucket, k).decode("utf-8", "replace")] == []
+    assert files_holding(tmp_path, SECRET) == [] and SECRET not in done.stdout + done.stderr
+    job = s3_server.get(bucket, "out/_bulkinfer/job.json").decode()
+    assert "<redacted>" in job and s3_server.endpoint in job  # masked, while what is not secret stays
+    with postgres_server.connect() as c:
+        assert c.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 20
+
+    local = cli("run", *common, "-o", "out", cwd=tmp_path, env=env)  # a local output, the same export
+    assert local.returncode == 0, local.stderr
+    assert files_holding(tmp_path, SECRET) == []
+    assert pq.read_table(tmp_path / "out" / "part-00000.parquet").num_rows == 20
+    retry = cli("run", "--retry-errors", "out", cwd=tmp_path, env=env)
+    assert retry.returncode == 1
+    assert retry.stderr.strip().splitlines()[-1] == (
+        "bulkinfer: error: export[0].dsn: the output's job.json keeps no credentials; rerun with the job file "
+        "that holds it (-c)"
+    )
+
+
+def _toml(v: object) -> str:
+    import json
+
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v)

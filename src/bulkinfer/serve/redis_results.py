@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..credentials import redact_url
 from ..errors import ConfigError
-from ..sinks.redis import connect, decode_value, parse_key, redact_url
+from ..sinks.redis import connect, decode_value, parse_key
 
 if TYPE_CHECKING:
     from ..config import JobConfig, RedisExport

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from ..credentials import redact_url
 from ..errors import ConfigError, OutputError
 from .exports import is_vector, retrying, value_columns, vectors
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ..config import RedisExport
     from ..plan import JobPlan
 
-__all__ = ["RedisTarget", "column_kind", "connect", "decode_value", "encode_fields", "parse_key", "redact_url"]
+__all__ = ["RedisTarget", "column_kind", "connect", "decode_value", "encode_fields", "parse_key"]
 
 
 def parse_key(template: str, where: str) -> tuple[str, list[tuple[str, str | None]]]:
@@ -266,11 +267,3 @@ def _scalar(value: Any) -> str | bytes:
     if isinstance(value, int | float):
         return repr(value)
     return orjson.dumps(value)
-
-
-def redact_url(url: str) -> str:
-    """The url without its password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..credentials import redact_url
 from ..errors import OutputError
 from .exports import retrying, value_columns
-from .redis import connect, encode_fields, redact_url
+from .redis import connect, encode_fields
 
 if TYPE_CHECKING:
     from ..config import RedisStreamExport
