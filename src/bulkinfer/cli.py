@@ -242,6 +242,10 @@ def tune(
         str | None,
         typer.Option(help="Engine/precision pairs to try (default all): onnxruntime/fp32,onnxruntime/int8,torch/bf16."),
     ] = None,
+    int8_search: Annotated[
+        bool,
+        typer.Option(help="When int8 fails the gate, search the fewest blocks to keep in fp32 (several builds)."),
+    ] = True,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the tuned job file.")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the tuned job instead of writing it.")] = False,
 ) -> None:
@@ -266,6 +270,7 @@ def tune(
             sample_rows,
             sizes,
             precisions=pairs or PRECISIONS,  # type: ignore[arg-type]
+            int8_search=int8_search,
             on_candidate=lambda c: console.print(
                 f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads}: "
                 + (f"{c.rows_per_s} rows/s" if c.rows_per_s else c.note or "skipped")
@@ -284,7 +289,7 @@ def tune(
         q = c.quality or {}
         table.add_row(
             c.engine,
-            c.precision,
+            c.precision + (f" ({len(c.int8_fp32_groups)} blocks fp32)" if c.int8_fp32_groups else ""),
             str(c.batch_size),
             str(c.threads),
             str(c.rows_per_s or "-"),

@@ -17,7 +17,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CPU_FEATURES", "cpu", "emulation_warning", "has", "isa_key", "parse_cpuinfo"]
+__all__ = ["CPU_FEATURES", "cpu", "emulated", "emulation_warning", "has", "isa_key", "parse_cpuinfo"]
 
 # flag in /proc/cpuinfo -> the name bulkinfer reports
 CPU_FEATURES = {
@@ -82,13 +82,22 @@ def int8_scheme() -> dict[str, bool]:
     return {"reduce_range": x86 and not has("avx512_vnni", "avx_vnni", "amx_int8")}
 
 
+def emulated(device: str, precision: str) -> bool:
+    """Whether ``precision`` has no instructions of its own here: bf16 on a CPU without bf16
+    (AVX-512 bf16, AMX, or ARM's bf16), computed in fp32 and converted back, slower than fp32."""
+    if device.startswith("cuda") or precision != "bf16":
+        return False
+    x86 = cpu()["arch"] in ("x86_64", "AMD64", "i686")
+    return not (has("avx512_bf16", "amx_bf16") if x86 else has("arm_bf16"))
+
+
 def emulation_warning(device: str, precision: str) -> str | None:
     """One line when ``precision`` runs emulated or on weak kernels on this CPU (None: it fits)."""
     arch = cpu()["arch"]
     x86 = arch in ("x86_64", "AMD64", "i686")
     if device.startswith("cuda") or precision == "fp32":
         return None
-    if precision == "bf16" and not (has("avx512_bf16", "amx_bf16") if x86 else has("arm_bf16")):
+    if emulated(device, precision):
         return (
             f"runtime.precision = bf16: this CPU ({isa_key()}) has no bf16 instructions, so bf16 is emulated and "
             "slower than fp32 (measured 5x slower on an AVX2-only machine); use fp32, or int8 with its quality gate"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model
+from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model, resolve_precision
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
 from .errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
@@ -73,6 +73,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.require_runnable()
     cfg = batch_config(cfg)
     model = resolve_model(cfg)
+    cfg = resolve_precision(cfg, model)
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
     instance_price(cfg)  # an unknown cost.instance is one line before any work

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .config import JobConfig
     from .ledger import OutputLedger
 
-__all__ = ["compare_embeddings", "job_quality_gate", "quality_gate", "run_adapter"]
+__all__ = ["compare_embeddings", "job_quality_gate", "partial_int8", "quality_gate", "run_adapter", "searchable"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -167,14 +167,15 @@ def job_quality_gate(
         if rt.precision == "int8" and kept:  # a cached or named choice: say it (Ray's workers build it too)
             figures["int8_fp32_groups"] = list(kept)
     except QualityGateError as failed:
-        if not _searchable(cfg, adapter):
+        if not searchable(cfg, adapter):
             raise
         figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed)
     ledger.write_private("quality.json", figures)
     return figures
 
 
-def _searchable(cfg: JobConfig, adapter: Adapter) -> bool:
+def searchable(cfg: JobConfig, adapter: Adapter) -> bool:
+    """Whether an int8 that failed the gate can be searched for blocks to keep in fp32."""
     from .adapters.text import TextEmbeddingAdapter
 
     rt = cfg.runtime

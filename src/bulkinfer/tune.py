@@ -3,14 +3,21 @@ keep the fastest one that passes the quality gate.
 
 Candidates are engine x precision x batch size (x intra-op threads when the machine has
 more than two CPUs). Each engine/precision is set up once, gated against fp32 on the
-sample, then timed at every batch size after a warm-up batch. The result is a tuned
-config (the job's own, with ``runtime`` changed) and a table of every candidate.
+sample, then timed at every batch size after a warm-up batch. An int8 that fails the gate
+whole is searched for the fewest transformer blocks to keep in fp32 (the job's gate does
+the same), and that partial int8 is the candidate measured. The result is a tuned config
+(the job's own, with ``runtime`` changed) and a table of every candidate.
+
+``runtime.precision = "auto"`` (:func:`auto_precision`) reads these measurements: the
+fastest gate-passing precision for the model on this kind of machine, never one emulated
+here; without measurements it calibrates once on a small sample and keeps the result.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,11 +28,13 @@ from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
 from .config import JobConfig
 from .engines import choose_engine, default_cache_dir
 from .errors import BulkinferError, ConfigError, QualityGateError
-from .quality import quality_gate, run_adapter, sample_rows
+from .quality import partial_int8, quality_gate, run_adapter, sample_rows, searchable
 from .sinks import write_bytes
 from .sources import list_inputs, plan_shards
 
-__all__ = ["Candidate", "TuneResult", "auto_batch_size", "results_path", "to_toml", "tune"]
+log = logging.getLogger("bulkinfer")
+
+__all__ = ["Candidate", "TuneResult", "auto_batch_size", "auto_precision", "results_path", "to_toml", "tune"]
 
 PRECISIONS = (("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32"), ("torch", "bf16"))
 BATCH_SIZES = (8, 16, 32, 64)
@@ -41,6 +50,8 @@ class Candidate:
     quality: dict[str, Any] | None = None
     passed: bool = True
     note: str = ""
+    int8_fp32_groups: list[str] | None = None
+    """int8: the blocks kept in fp32 (found by the gate's search, or cached from an earlier one)."""
 
 
 @dataclass
@@ -61,9 +72,11 @@ def tune(
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
     on_candidate: Callable[[Candidate], None] = lambda c: None,
     precisions: tuple[tuple[str, str], ...] = PRECISIONS,
+    int8_search: bool = True,
 ) -> TuneResult:
     """Measure every candidate (``precisions``: the engine/precision pairs to try) on
-    ``sample_size`` rows from across ``cfg``'s input."""
+    ``sample_size`` rows from across ``cfg``'s input; with ``int8_search``, an int8 that
+    fails the gate is searched for the blocks to keep in fp32 (several builds)."""
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         known = ", ".join(f"{e}/{p}" for e, p in PRECISIONS)
@@ -80,7 +93,9 @@ def tune(
     sample = None
     for engine, precision in precisions:
         for threads in _thread_options():
-            rt = cfg.runtime.model_copy(update={"engine": engine, "precision": precision, "threads": threads})
+            rt = cfg.runtime.model_copy(
+                update={"engine": engine, "precision": precision, "threads": threads, "batch_size": 16}
+            )
             trial = cfg.model_copy(update={"runtime": rt})
             try:
                 adapter = build_adapter(trial, model)
@@ -96,7 +111,8 @@ def tune(
             passed, note = True, ""
             if precision != "fp32":
                 ref_rt = rt.model_copy(update={"precision": "fp32", "engine": "onnxruntime"})
-                reference = build_adapter(cfg.model_copy(update={"runtime": ref_rt}), model)
+                ref_cfg = cfg.model_copy(update={"runtime": ref_rt})
+                reference = build_adapter(ref_cfg, model)
                 try:
                     quality = quality_gate(
                         adapter,
@@ -108,10 +124,20 @@ def tune(
                         threads=threads,
                     )
                 except QualityGateError as exc:
-                    passed, note = False, "below the quality floor"
-                    quality = dict(exc.figures)
+                    passed, note, quality = False, "below the quality floor", dict(exc.figures)
+                    if int8_search and searchable(trial, adapter):
+                        try:  # the fewest blocks in fp32 that pass, as the job's gate would find them
+                            quality = partial_int8(adapter, build_adapter(ref_cfg, model), sample, trial,
+                                                   model.digest, exc)  # fmt: skip
+                            passed, note = True, ""
+                        except QualityGateError as none:
+                            quality, note = dict(none.figures), "below the floor even with blocks in fp32"
+            groups = list(getattr(adapter, "int8_fp32_groups", None) or []) or None if precision == "int8" else None
+            if groups:
+                note = f"{len(groups)} block(s) in fp32: {', '.join(groups)}"
             for bs in batch_sizes:
-                c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note)
+                c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note,
+                              int8_fp32_groups=groups)  # fmt: skip
                 if passed:
                     run_adapter(adapter, sample.slice(0, bs), bs)  # warm-up at this shape
                     t0 = time.perf_counter()
@@ -131,6 +157,7 @@ def tune(
             "precision": best.precision,
             "batch_size": best.batch_size,
             "threads": best.threads,
+            "int8_fp32_groups": best.int8_fp32_groups,
         }
     )
     result.config = cfg.model_copy(update={"runtime": rt})
@@ -139,6 +166,53 @@ def tune(
 
 
 DEFAULT_BATCH = 16
+CALIBRATION_ROWS = 128
+
+
+def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
+    """``(engine, precision, why)`` for ``runtime.precision = "auto"``: the fastest candidate
+    whose gate passed among ``tune``'s measurements for this model on this machine kind,
+    among the engines ``runtime.engine`` allows and never a precision emulated here. With no
+    measurements, a calibration: ``tune`` on ``CALIBRATION_ROWS`` rows of the job at its
+    batch size, kept where ``tune`` keeps its results (so it runs once per machine kind)."""
+    from .hardware import emulated, isa_key
+
+    rt = cfg.runtime
+    allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
+    path = results_path(cfg, model.digest)
+    try:
+        measured = json.loads(path.read_text())["candidates"]
+        source = f"measured by bulkinfer tune, {path}"
+    except (OSError, ValueError, KeyError):
+        if not cfg.source.paths:  # serve: no rows of a job to calibrate on
+            return (
+                rt.engine if rt.engine != "auto" else "onnxruntime",
+                "fp32",
+                (
+                    f"no tune result for this model on this machine ({isa_key()}) and no input to calibrate on; "
+                    "run bulkinfer tune"
+                ),
+            )
+        size = rt.batch_size if isinstance(rt.batch_size, int) else DEFAULT_BATCH
+        log.info(
+            "runtime.precision = auto: no tune result for this model on this machine (%s); calibrating %s on "
+            "%d rows of the job (once; kept in %s)",
+            isa_key(), ", ".join(f"{e} {p}" for e, p in allowed), CALIBRATION_ROWS, path,
+        )  # fmt: skip
+        calibration = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})})
+        result = tune(calibration, CALIBRATION_ROWS, (size,), precisions=tuple(allowed))
+        measured = [asdict(c) for c in result.candidates]
+        source = f"calibrated now on {CALIBRATION_ROWS} rows, kept in {path}"
+    usable = [c for c in measured if (c["engine"], c["precision"]) in allowed and c["passed"] and c.get("rows_per_s")]
+    if not usable:
+        return rt.engine if rt.engine != "auto" else "onnxruntime", "fp32", f"nothing measured passed ({source})"
+    best = max(usable, key=lambda c: c["rows_per_s"])
+    fp32 = max((c["rows_per_s"] for c in usable if c["precision"] == "fp32"), default=None)
+    against = f" against fp32's {fp32}" if fp32 and best["precision"] != "fp32" else ""
+    skipped = [p for e, p in PRECISIONS if rt.engine in ("auto", e) and emulated(rt.device, p)]
+    left = f"; {', '.join(sorted(set(skipped)))} left out: emulated on this CPU" if skipped else ""
+    why = f"{best['rows_per_s']} rows/s{against} ({source}){left}"
+    return best["engine"], best["precision"], why
 
 
 def _machine() -> str:

@@ -75,3 +75,74 @@ def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
     steps = err.value.figures["int8_search"]
     assert [s["fp32_groups"] for s in steps] == [1, 2, 4, 5] and not any(s["passed"] for s in steps)
     assert not list((tiny[0] / "strict").glob("part-*"))  # nothing written
+
+
+def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that_passed(tiny, caplog):
+    """tune's int8 candidate is the partial int8 the gate's search finds (the blocks it keeps
+    in fp32 named); precision = "auto" then runs the fastest candidate that passed."""
+    import logging
+
+    from bulkinfer.tune import results_path, tune
+
+    d, model = tiny
+    base = {
+        "source.paths": [str(d / "in.parquet")],
+        "model.name": str(model),
+        "model.text_column": "description",
+        "source.id_column": "id",
+        "runtime.cache_dir": str(d / "cache-tune"),
+        "execution.progress": "none",
+    }
+    full = run(tiny, "full-tune", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+    floor = round(full + (1 - full) / 2, 6)
+    cfg = load_config(overrides={**base, "runtime.quality_floor": floor})
+    result = tune(cfg, 64, (16,), precisions=(("onnxruntime", "fp32"), ("onnxruntime", "int8")))
+    fp32, int8 = result.candidates
+    assert int8.passed and int8.int8_fp32_groups and int8.note.startswith(f"{len(int8.int8_fp32_groups)} block(s)")
+    assert int8.quality["mean_cosine"] >= floor > int8.quality["full_int8_mean_cosine"]
+    assert result.config.runtime.int8_fp32_groups == (int8.int8_fp32_groups if result.best is int8 else None)
+    fastest = max(result.candidates, key=lambda c: c.rows_per_s)
+    assert results_path(cfg, resolve(cfg)).exists()
+
+    caplog.set_level(logging.INFO, logger="bulkinfer")
+    auto = run_job(load_config(overrides={**base, "runtime.quality_floor": floor, "runtime.precision": "auto",
+                                          "sink.path": str(d / "auto")}))  # fmt: skip
+    assert (auto.report["engine"], auto.report["precision"]) == ("onnxruntime", fastest.precision)
+    said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
+    assert said == [f"runtime.precision = auto: {fastest.precision} on onnxruntime ({fastest.rows_per_s} rows/s"
+                    + (f" against fp32's {fp32.rows_per_s}" if fastest is int8 else "")
+                    + f" (measured by bulkinfer tune, {results_path(cfg, resolve(cfg))}))"]  # fmt: skip
+    assert auto.report["rows_out"] == 120
+
+
+def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny, caplog):
+    import logging
+
+    from bulkinfer.tune import CALIBRATION_ROWS, results_path
+
+    d, model = tiny
+    caplog.set_level(logging.INFO, logger="bulkinfer")
+    overrides = {"runtime.precision": "auto", "runtime.cache_dir": str(d / "cache-calibrate"),
+                 "runtime.quality_floor": -1.0}  # fmt: skip
+    first = run(tiny, "calibrated", **overrides)
+    cfg = load_config(overrides={"model.name": str(model), "runtime.cache_dir": str(d / "cache-calibrate")})
+    kept = json.loads(results_path(cfg, resolve(cfg)).read_text())["candidates"]
+    measured = {(c["engine"], c["precision"]) for c in kept}
+    assert {("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32")} <= measured
+    assert all(c["batch_size"] == 16 for c in kept)  # the job's batch size, one size: a short calibration
+    best = max((c for c in kept if c["passed"] and c["rows_per_s"]), key=lambda c: c["rows_per_s"])
+    assert (first.report["engine"], first.report["precision"]) == (best["engine"], best["precision"])
+    said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
+    assert len(said) == 2 and "calibrating" in said[0] and f"on {CALIBRATION_ROWS} rows" in said[0]
+    assert f"calibrated now on {CALIBRATION_ROWS} rows" in said[1]
+    caplog.clear()
+    second = run(tiny, "again", **overrides)  # kept: no calibration the second time
+    said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
+    assert len(said) == 1 and "measured by bulkinfer tune" in said[0]
+    assert (second.report["engine"], second.report["precision"]) == (best["engine"], best["precision"])
+
+
+def resolve(cfg) -> str:
+    from bulkinfer.adapters import resolve_model
+
+    return resolve_model(cfg).digest

@@ -38,6 +38,7 @@ __all__ = [
     "predict_table",
     "resolve_batch_size",
     "resolve_model",
+    "resolve_precision",
     "to_arrow_column",
     "to_numpy_column",
 ]
@@ -134,6 +135,8 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
 def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     """Construct (not yet set up) the adapter for ``model``."""
     m = cfg.model
+    if cfg.runtime.precision == "auto":
+        raise ConfigError('runtime.precision = "auto" was not resolved; run the job through run_job')
     if model.kind == "text-embedding":
         from ..engines import choose_engine
         from .text import TextEmbeddingAdapter
@@ -219,6 +222,24 @@ def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: boo
         options=cfg.model.options,
         online=online,
     )
+
+
+def resolve_precision(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
+    """``cfg`` with a concrete ``runtime.precision`` (and engine) for ``run`` and ``serve``: "auto"
+    becomes the fastest gate-passing precision measured for the model on this machine kind
+    (:func:`bulkinfer.tune.auto_precision`); fp32 for models precisions do not apply to."""
+    rt = cfg.runtime
+    if rt.precision != "auto":
+        return cfg
+    engine: str
+    if model.kind != "text-embedding":
+        engine, precision, why = rt.engine, "fp32", f"precisions apply to text models, this one is {model.kind}"
+    else:
+        from ..tune import auto_precision
+
+        engine, precision, why = auto_precision(cfg, model)
+    log.info("runtime.precision = auto: %s on %s (%s)", precision, engine, why)
+    return cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": precision, "engine": engine})})
 
 
 def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:

@@ -24,7 +24,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import Adapter, RowsRejected, build_adapter, job_setup_context, resolve_batch_size, resolve_model
+from ..adapters import (
+    Adapter,
+    RowsRejected,
+    build_adapter,
+    job_setup_context,
+    resolve_batch_size,
+    resolve_model,
+    resolve_precision,
+)
 from ..config import JobConfig
 from ..errors import BulkinferError
 from ..llm.openai_api import CHAT, COMPLETIONS
@@ -57,6 +65,7 @@ class Server:
         self.model = resolve_model(cfg)
         if self.model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
             cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"format": "openai-batch"})})
+        cfg = resolve_precision(cfg, self.model)
         self.adapter: Adapter = build_adapter(cfg, self.model)
         cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
