@@ -272,7 +272,7 @@ def tune(
             precisions=pairs or PRECISIONS,  # type: ignore[arg-type]
             int8_search=int8_search,
             on_candidate=lambda c: console.print(
-                f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads}: "
+                f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads} x{c.processes}: "
                 + (f"{c.rows_per_s} rows/s" if c.rows_per_s else c.note or "skipped")
             ),
         )
@@ -282,8 +282,10 @@ def tune(
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
     from .hardware import isa_key
 
-    table = Table(title=f"bulkinfer tune: {sample_rows} rows of the job's input on {isa_key()}")
-    for col in ("engine", "precision", "batch", "threads", "rows/s", "mean cosine", "top-10 overlap", "gate", ""):
+    table = Table(title=f"bulkinfer tune: {result.sample_rows} rows of the job's input on {isa_key()}")
+    columns = ["engine", "precision", "batch", "threads", "processes", "rows/s", "mean cosine", "top-10 overlap",
+               "gate", ""]  # fmt: skip
+    for col in columns:
         table.add_column(col)
     for c in result.candidates:
         q = c.quality or {}
@@ -292,6 +294,7 @@ def tune(
             c.precision + (f" ({len(c.int8_fp32_groups)} blocks fp32)" if c.int8_fp32_groups else ""),
             str(c.batch_size),
             str(c.threads),
+            str(c.processes) + (f" ({c.cpu_per_wall} CPU s/s)" if c.cpu_per_wall is not None else ""),
             str(c.rows_per_s or "-"),
             str(q.get("mean_cosine", "1 (fp32)" if c.precision == "fp32" else "-")),
             str(q.get("top10_overlap", "-")),
@@ -303,7 +306,8 @@ def tune(
     best = result.best
     header = (
         f"tuned by bulkinfer tune: {best.engine} {best.precision}, batch {best.batch_size}, "
-        f"{best.threads} threads, {best.rows_per_s} rows/s on {sample_rows} sample rows"
+        f"{best.threads} threads, {best.rows_per_s} rows/s on {result.sample_rows} sample rows"
+        + (f", {best.processes} processes: execution.backend = ray, num_cpus = 1" if best.processes > 1 else "")
     )
     text = to_toml(result.config, header)
     if print_only:

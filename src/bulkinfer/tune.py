@@ -52,6 +52,9 @@ class Candidate:
     note: str = ""
     int8_fp32_groups: list[str] | None = None
     """int8: the blocks kept in fp32 (found by the gate's search, or cached from an earlier one)."""
+    processes: int = 1
+    """Models precisions do not apply to: processes run at once (1: this one, every CPU's threads)."""
+    cpu_per_wall: float | None = None
 
 
 @dataclass
@@ -59,6 +62,7 @@ class TuneResult:
     candidates: list[Candidate] = field(default_factory=list)
     best: Candidate | None = None
     config: JobConfig | None = None
+    sample_rows: int = 0
 
 
 def _thread_options() -> list[int]:
@@ -84,11 +88,11 @@ def tune(
     if not cfg.source.paths or not cfg.model.name:
         raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
     model = resolve_model(cfg)
-    if model.kind != "text-embedding":
-        raise ConfigError(
-            "tune: engines and precisions apply to text models; tabular and custom models run as they are"
-        )
     shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format, cfg.source), cfg.source.shard_rows, [])
+    if model.kind in ("tabular", "custom", "onnx"):
+        return _tune_processes(cfg, model, shards, sample_size, on_candidate)
+    if model.kind != "text-embedding":
+        raise ConfigError(f"tune: measures text, tabular and custom models; this one is {model.kind}")
     result = TuneResult()
     sample = None
     for engine, precision in precisions:
@@ -107,6 +111,7 @@ def tune(
                 continue
             if sample is None:
                 sample = sample_rows(shards, list(adapter.input_columns), sample_size)
+                result.sample_rows = sample.num_rows
             quality = None
             passed, note = True, ""
             if precision != "fp32":
@@ -167,6 +172,46 @@ def tune(
 
 DEFAULT_BATCH = 16
 CALIBRATION_ROWS = 128
+PROCESS_SAMPLE_ROWS = 20_000
+SPEEDUP_TO_SPLIT = 1.2
+"""Processes beat one process when they measure this much faster (below it, the Ray backend's
+own cost would eat the gain)."""
+
+
+def _tune_processes(
+    cfg: JobConfig, model: Any, shards: list[Any], sample_size: int, on_candidate: Callable[[Candidate], None]
+) -> TuneResult:
+    """A model precisions do not apply to: one process with every CPU's threads against one
+    single-threaded process per CPU; the tuned job runs the faster (the Ray backend with
+    ``num_cpus = 1`` for the second)."""
+    from .parallel import measure
+
+    adapter = build_adapter(cfg, model)
+    size = cfg.runtime.batch_size if "batch_size" in cfg.runtime.model_fields_set else adapter.batch_size_hint
+    size = size if isinstance(size, int) else DEFAULT_BATCH
+    sample = sample_rows(shards, list(adapter.input_columns), max(sample_size, PROCESS_SAMPLE_ROWS))
+    if not sample.num_rows:
+        raise ConfigError("tune: the input has no rows to measure on")
+    cpus = available_cpus()
+    result = TuneResult(sample_rows=sample.num_rows)
+    for n in [1, cpus] if cpus > 1 else [1]:
+        got = measure(cfg, model, sample, size, n)
+        c = Candidate(model.kind, "fp32", size, 1 if n > 1 else cpus, rows_per_s=got.rows_per_s, processes=n,
+                      cpu_per_wall=got.cpu_per_wall, note=f"{got.cpu_per_wall} CPU s per s")  # fmt: skip
+        result.candidates.append(c)
+        on_candidate(c)
+    one = result.candidates[0]
+    best = max(result.candidates, key=lambda c: c.rows_per_s or 0.0)
+    if best is not one and (best.rows_per_s or 0.0) < SPEEDUP_TO_SPLIT * (one.rows_per_s or 0.0):
+        best = one
+    result.best = best
+    rt = cfg.runtime.model_copy(update={"batch_size": size, "threads": best.threads})
+    ex = cfg.execution
+    if best.processes > 1:
+        ex = ex.model_copy(update={"backend": "ray", "num_cpus": 1.0, "workers": best.processes})
+    result.config = cfg.model_copy(update={"runtime": rt, "execution": ex})
+    _save(results_path(cfg, model.digest), result)
+    return result
 
 
 def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:

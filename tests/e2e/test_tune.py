@@ -71,3 +71,47 @@ def test_auto_batch_size_without_a_tune_result_uses_16(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "runtime.batch_size = auto: 16 (no tune result for this model on this machine" in proc.stderr
     assert json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())["batch_size"] == 16
+
+
+SINGLE_THREADED = """
+def loop(table):
+    # pure Python: one core whatever the machine has
+    return {"y": [sum(i * i for i in range(150)) + v for v in table["x1"].to_pylist()]}
+"""
+
+
+def test_tune_measures_one_process_against_one_per_cpu_for_a_model_without_precisions(tmp_path, monkeypatch):
+    """A single-threaded model: tune measures one process (all CPUs' threads) and one process
+    per CPU on the job's rows; the tuned job takes the second (the Ray backend, num_cpus = 1)
+    exactly when it measured 1.2x faster, and runs."""
+    from helpers import tabular_table
+
+    write(tabular_table(3000), tmp_path / "in.parquet")
+    (tmp_path / "single.py").write_text(SINGLE_THREADED)
+    (tmp_path / "job.toml").write_text(
+        '[source]\npaths = ["in.parquet"]\nid_column = "id"\n[model]\nname = "single:loop"\n'
+        'feature_columns = ["x1"]\n[sink]\npath = "out"\n'
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    monkeypatch.syspath_prepend(str(tmp_path))  # the model's digest here is the one the CLI computed
+    monkeypatch.chdir(tmp_path)
+    proc = cli("tune", "job.toml", cwd=tmp_path, env={**__import__("os").environ, **env}, check=True)
+    cfg = load_config(tmp_path / "job.toml")
+    measured = json.loads(results_path(cfg, resolve_model(cfg).digest).read_text())["candidates"]
+    cpus = available_cpus()
+    assert [c["processes"] for c in measured] == ([1, cpus] if cpus > 1 else [1])
+    one = measured[0]
+    assert one["cpu_per_wall"] < 1.5 and one["rows_per_s"] > 0  # one core, though the process may use all
+    tuned = load_config(tmp_path / "job.tuned.toml")
+    split = cpus > 1 and measured[1]["rows_per_s"] >= 1.2 * one["rows_per_s"]
+    assert (tuned.execution.backend == "ray") == split, (measured, proc.stdout)
+    if split:
+        assert (tuned.execution.workers, tuned.execution.num_cpus, tuned.runtime.threads) == (cpus, 1.0, 1)
+        assert f"{cpus} processes: execution.backend = ray" in proc.stdout
+    assert "rows of the job's input on x86_64:" in proc.stderr or "rows of the job's input on aarch64:" in proc.stderr
+    cli("run", "job.tuned.toml", "--progress", "none", cwd=tmp_path, env={**__import__("os").environ, **env},
+        check=True)  # fmt: skip
+    out = read_output(tmp_path / "out").sort_by("id")
+    assert out["id"].to_pylist() == list(range(3000))
+    x1 = tabular_table(3000)["x1"].to_pylist()
+    assert out["y"].to_pylist() == [sum(i * i for i in range(150)) + v for v in x1]
