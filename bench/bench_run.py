@@ -6,7 +6,8 @@ Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, 
 `bulkinfer tune` on it once, then, in each round, runs the anchors (the sentence-transformers
 script ../shared/bench/anchor_st.py, batch 32, and the Ray Data guide pattern
 ../shared/bench/anchor_ray.py) and `bulkinfer run` in each engine/precision, on the Ray
-backend (one worker of 2 CPUs) and with the tuned job (Parquet in, Parquet out), plus the
+backend (one worker of 2 CPUs), with the tuned job and with `runtime.precision = "auto"`
+(which takes tune's measurements; Parquet in, Parquet out), plus the
 bare-engine limit (bench/limit_engine.py: pre-tokenized, length-sorted batches, no I/O) of
 the default engine. It prints every rows/s, the ratios to the anchors of the same round,
 and the median over rounds. Figures exclude model loading: the anchors' `job_s` starts
@@ -39,6 +40,7 @@ VARIANTS = {
     "torch bf16 (gated)": ["--set", "runtime.precision=bf16"],
     "ray backend (1 worker x 2 CPUs)": ["--backend", "ray", "--workers", "1", "--set", "execution.num_cpus=2"],
     "after bulkinfer tune": [str(WORK / "tuned.toml")],
+    "precision auto (tune's measurements)": ["--set", "runtime.precision=auto"],
 }
 LOCAL = "default (onnxruntime fp32)"
 
@@ -106,8 +108,8 @@ def main() -> None:
     if not corpus.exists():
         sh(sys.executable, str(SHARED / "make_corpus.py"), str(corpus), str(rows))
     quick = "--quick" in sys.argv
-    if "after bulkinfer tune" in variants:
-        tune(corpus)
+    if "after bulkinfer tune" in variants or any("auto" in k for k in variants):
+        tune(corpus)  # its measurements are what precision = auto runs
     for extra in variants.values():  # warm-up: compile and cache each engine once, untimed
         bulkinfer(corpus, [*extra, "--limit-rows", "64"])
     anchors = ["anchor"] if quick else ["anchor", "ray data pattern"]
@@ -144,7 +146,8 @@ def main() -> None:
         q = rep.get("quality")
         gate = f" quality={json.dumps({k: q[k] for k in ('mean_cosine', 'min_cosine', 'top10_overlap')})}" if q else ""
         print(
-            f"  {name}: time share {json.dumps(rep['time_share'])} wait_for_input_s={rep['wait_for_input_s']}"
+            f"  {name}: ran {rep['engine']} {rep['precision']}, time share {json.dumps(rep['time_share'])}"
+            f" wait_for_input_s={rep['wait_for_input_s']}"
             f" run_s={rep['run_s']} padding_ratio={rep['batches']['padding_ratio']}{gate}"
         )
 
