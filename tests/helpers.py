@@ -113,3 +113,23 @@ def stop_after_commits(out: Path, n: int) -> threading.Event:
 
     threading.Thread(target=watch, daemon=True).start()
     return stop
+
+
+# `python launch.py REPORT run ...` runs bulkinfer and writes its own peak memory (VmHWM, kB)
+# to REPORT as it exits. The peak is the run's own: wait4's ru_maxrss of a child counts what
+# it shared with the pytest process before exec, so two runs could "measure equal" at the
+# parent's size whatever bulkinfer does.
+PEAK_LAUNCHER = """
+import atexit, runpy, sys
+
+report = sys.argv[1]
+
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            open(report, "w").write(line.split()[1])
+
+atexit.register(peak)
+sys.argv = ["bulkinfer", *sys.argv[2:]]
+runpy.run_module("bulkinfer", run_name="__main__", alter_sys=True)
+"""

@@ -186,6 +186,7 @@ def _tune_processes(
     ``num_cpus = 1`` for the second)."""
     from .parallel import measure
 
+    cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"precision": "fp32"})})  # "auto" too
     adapter = build_adapter(cfg, model)
     size = cfg.runtime.batch_size if "batch_size" in cfg.runtime.model_fields_set else adapter.batch_size_hint
     size = size if isinstance(size, int) else DEFAULT_BATCH

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from helpers import tabular_table, write
+from helpers import PEAK_LAUNCHER, tabular_table, write
 
 CHEAP = textwrap.dedent("""
     import pyarrow.compute as pc
@@ -17,28 +17,9 @@ CHEAP = textwrap.dedent("""
 """)
 
 
-# The peak is the run's own: VmHWM of the process, read by itself as it exits. (wait4's
-# ru_maxrss of a child counts what it shared with this pytest process before exec, so two
-# runs could "measure equal" at the parent's size whatever bulkinfer does.)
-LAUNCH = textwrap.dedent("""
-    import atexit, runpy, sys
-
-    report = sys.argv[1]
-
-    def peak():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                open(report, "w").write(line.split()[1])
-
-    atexit.register(peak)
-    sys.argv = ["bulkinfer", *sys.argv[2:]]
-    runpy.run_module("bulkinfer", run_name="__main__", alter_sys=True)
-""")
-
-
 def _peak_rss_mb(cwd, args) -> float:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    (cwd / "launch.py").write_text(LAUNCH)
+    (cwd / "launch.py").write_text(PEAK_LAUNCHER)
     report = cwd / f"peak-{len(list(cwd.glob('peak-*')))}.txt"
     proc = subprocess.run(
         [sys.executable, "launch.py", str(report), "run", *args], cwd=cwd, env=env, capture_output=True, text=True

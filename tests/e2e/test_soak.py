@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import read_output
+from helpers import PEAK_LAUNCHER, read_output
 
 ROWS = 1_000_000
 CHEAP = textwrap.dedent("""
@@ -28,22 +28,6 @@ CHEAP = textwrap.dedent("""
     def score(table):
         time.sleep(0.01)  # a model's call, so that a run lasts long enough to be killed mid-way
         return {"score": pc.add(pc.multiply(table["x1"], 2.0), table["x2"])}
-""")
-# the launched run reports its own peak (VmHWM) as it exits; one killed with SIGKILL is read
-# from /proc by the test just before the kill
-LAUNCH = textwrap.dedent("""
-    import atexit, runpy, sys
-
-    report = sys.argv[1]
-
-    def peak():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                open(report, "w").write(line.split()[1])
-
-    atexit.register(peak)
-    sys.argv = ["bulkinfer", *sys.argv[2:]]
-    runpy.run_module("bulkinfer", run_name="__main__", alter_sys=True)
 """)
 WRITE_INPUT = textwrap.dedent("""
     import sys
@@ -98,7 +82,7 @@ def _holds(lock: Path, pid: int) -> bool:
 @pytest.mark.slow
 def test_a_million_rows_killed_at_random_are_written_exactly_once_in_flat_memory(tmp_path):
     (tmp_path / "cheap.py").write_text(CHEAP)
-    (tmp_path / "launch.py").write_text(LAUNCH)
+    (tmp_path / "launch.py").write_text(PEAK_LAUNCHER)  # a run killed with SIGKILL is read from /proc
     # the inputs are written by a process of their own: nothing of them lives in this one
     for n, name in ((50_000, "small.parquet"), (ROWS, "big.parquet")):
         subprocess.run([sys.executable, "-c", WRITE_INPUT, str(n), name], cwd=tmp_path, check=True)

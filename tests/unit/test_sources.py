@@ -100,6 +100,29 @@ def test_unknown_extension_asks_for_format(tmp_path):
     assert list_inputs([str(tmp_path / "a.dat")], "csv")[0].format == "csv"
 
 
+def _plan_and_read(d, records: int, shard_rows: int, chunk: int | None) -> tuple[list[int], list[tuple[int, str]]]:
+    """Plan ``d``'s file in shards (records over 40 bytes oversized; scan chunks of ``chunk``
+    bytes), check the shards cover every record once, read them: the ids read and the
+    (row, message) of each bad row."""
+    with pytest.MonkeyPatch.context() as mp:
+        if chunk:
+            mp.setattr(linescan, "CHUNK", chunk)
+        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
+    if records == 0:
+        assert shards == []
+        return [], []
+    assert (shards[0].start, shards[-1].stop) == (0, records)
+    assert all(s.num_rows <= shard_rows for s in shards)
+    good: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for s in shards:
+        for batch in read_shard(s, ["id"], batch_rows=5, on_bad_row=lambda row, msg: bad.append((row, msg))):
+            ids = batch.column("id").to_pylist()
+            assert batch.column(ROW).to_pylist() == ids  # the row number is the record's
+            good.extend(ids)
+    return good, bad
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     kinds=st.lists(
@@ -143,21 +166,9 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
             expect_good.append(record)
         record += 1
     (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
-    with pytest.MonkeyPatch.context() as mp:
-        if chunk:
-            mp.setattr(linescan, "CHUNK", chunk)
-        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
+    good, bad = _plan_and_read(d, record, shard_rows, chunk)
     if record == 0:
-        assert shards == []
         return
-    assert (shards[0].start, shards[-1].stop) == (0, record)
-    assert all(s.num_rows <= shard_rows for s in shards)
-    good, bad = [], []
-    for s in shards:
-        for batch in read_shard(s, ["id"], batch_rows=5, on_bad_row=lambda row, msg: bad.append((row, msg))):
-            ids = batch.column("id").to_pylist()
-            assert batch.column(ROW).to_pylist() == ids  # the row number is the record's
-            good.extend(ids)
     assert good == expect_good
     assert sorted(r for r, _m in bad) == sorted(expect_bad)
     for row, msg in bad:
@@ -209,21 +220,9 @@ def test_jsonl_records_are_read_or_reported_once_numbered_in_place(
     if not last_newline and kinds and kinds[-1] == "long":  # the size counts the line end it has
         expect_bad[record - 1] -= len(newline)
     (d / "a.jsonl").write_bytes(text.encode())
-    with pytest.MonkeyPatch.context() as mp:
-        if chunk:
-            mp.setattr(linescan, "CHUNK", chunk)
-        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
+    good, bad = _plan_and_read(d, record, shard_rows, chunk)
     if record == 0:
-        assert shards == []
         return
-    assert (shards[0].start, shards[-1].stop) == (0, record)
-    assert all(s.num_rows <= shard_rows for s in shards)
-    good, bad = [], []
-    for s in shards:
-        for batch in read_shard(s, ["id"], batch_rows=5, on_bad_row=lambda row, msg: bad.append((row, msg))):
-            ids = batch.column("id").to_pylist()
-            assert batch.column(ROW).to_pylist() == ids
-            good.extend(ids)
     assert good == expect_good
     assert sorted(r for r, _m in bad) == sorted(expect_bad)
     for row, msg in bad:

@@ -17,10 +17,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import SourceError
-from . import linescan
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered, slices
 from .files import InputFile, filesystem, read_range
-from .linescan import cut_spans, skip_line
+from .linescan import cut_spans, next_lines, skip_line
 
 __all__ = ["CsvFormat"]
 
@@ -141,14 +140,10 @@ def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iter
             base, carry = base + size, b""
             yield np.asarray([base], dtype=np.int64), np.asarray([size], dtype=np.int64)
             continue
-        chunk = fh.read(linescan.CHUNK)
-        buf = carry + chunk
-        if not buf:
+        got = next_lines(fh, carry)
+        if got is None:
             return
-        data = np.frombuffer(buf, dtype=np.uint8)
-        stops = np.flatnonzero(data == _LF) + 1
-        if not chunk and (not len(stops) or stops[-1] != len(buf)):  # last line without a line end
-            stops = np.append(stops, len(buf))
+        chunk, buf, data, stops = got
         done = int(stops[-1]) if len(stops) else 0
         cr = np.flatnonzero(data[:done] == _CR)
         if len(cr) and ((cr + 1 >= len(data)) | (data[np.minimum(cr + 1, len(data) - 1)] != _LF)).any():

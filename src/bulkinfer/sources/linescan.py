@@ -12,7 +12,7 @@ import numpy as np
 
 from .base import MAX_RECORD_BYTES, Span
 
-__all__ = ["CHUNK", "cut_spans", "line_ends", "skip_line"]
+__all__ = ["CHUNK", "cut_spans", "line_ends", "next_lines", "skip_line"]
 
 CHUNK = 1 << 24
 _LF = 10
@@ -34,6 +34,21 @@ def skip_line(fh: Any) -> tuple[int, int]:
         size, quotes = size + len(chunk), quotes + chunk.count(b'"')
 
 
+def next_lines(fh: Any, carry: bytes) -> tuple[bytes, bytes, np.ndarray, np.ndarray] | None:
+    """The next chunk read, ``carry`` (the part line left by the last one) with it, those bytes
+    as an array, and the offsets after each line end in them (after the last byte too at the
+    end of the file); None when nothing is left."""
+    chunk = fh.read(CHUNK)
+    buf = carry + chunk
+    if not buf:
+        return None
+    data = np.frombuffer(buf, dtype=np.uint8)
+    stops = np.flatnonzero(data == _LF) + 1
+    if not chunk and (not len(stops) or stops[-1] != len(buf)):  # last line without a line end
+        stops = np.append(stops, len(buf))
+    return chunk, buf, data, stops
+
+
 def line_ends(fh: Any, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Byte offsets after the lines that are not blank (whitespace only) and their sizes, a
     chunk at a time. A line over ``limit`` bytes is always yielded (blank or not: the
@@ -46,14 +61,10 @@ def line_ends(fh: Any, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[np.ndarr
             base, carry = base + size, b""
             yield np.asarray([base], dtype=np.int64), np.asarray([size], dtype=np.int64)
             continue
-        chunk = fh.read(CHUNK)
-        buf = carry + chunk
-        if not buf:
+        got = next_lines(fh, carry)
+        if got is None:
             return
-        data = np.frombuffer(buf, dtype=np.uint8)
-        stops = np.flatnonzero(data == _LF) + 1
-        if not chunk and (not len(stops) or stops[-1] != len(buf)):  # last line without a line end
-            stops = np.append(stops, len(buf))
+        chunk, buf, data, stops = got
         begins = np.concatenate(([0], stops[:-1]))
         length = stops - begins
         keep = length <= limit
