@@ -150,7 +150,8 @@ class RuntimeConfig(_Section):
     """Torch device: 'cpu', 'cuda', 'cuda:1'."""
     batch_size: int | Literal["auto"] = 16
     """Maximum rows per model call; "auto": the fastest size `bulkinfer tune` measured for this
-    model, engine and precision on this machine (16 when it has not been run)."""
+    model, engine and precision on this machine (when it has not been run: the model's own default,
+    65536 for tabular models, else 16)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Token budget per model call (rows x padded length) for text models; None: rows only."""
     dedupe: bool | Literal["auto"] = False

@@ -282,28 +282,35 @@ def _save(path: Path, result: TuneResult) -> None:
     write_bytes(path.parent, path.name, json.dumps(body, indent=1).encode(), 0, crash_at=None, what="the tune results")
 
 
-def auto_batch_size(cfg: JobConfig, model_digest: str) -> tuple[int, str]:
+def auto_batch_size(cfg: JobConfig, model_digest: str, hint: int | None = None) -> tuple[int, str]:
     """The batch size for ``runtime.batch_size = "auto"``, and where it came from.
 
     The fastest gate-passing size ``tune`` measured for this model with the job's engine and
-    precision on this machine (preferring the job's thread count); else 16.
+    precision on this machine (preferring the job's thread count; for a model precisions do
+    not apply to, the size tune measured it at); else the model's own ``hint``, else 16.
     """
     rt = cfg.runtime
+    fallback = hint or DEFAULT_BATCH
+    default = f"the model's default, {hint}" if hint else "the default"
     path = results_path(cfg, model_digest)
     try:
         candidates = json.loads(path.read_text())["candidates"]
     except (OSError, ValueError, KeyError):
-        return DEFAULT_BATCH, "no tune result for this model on this machine; run bulkinfer tune to measure"
+        why = f"no tune result for this model on this machine; using {default}; run bulkinfer tune to measure"
+        return fallback, why
     engine = choose_engine(rt.engine, rt.precision, rt.device)
     threads = rt.threads or available_cpus()
+    text_engines = {e for e, _p in PRECISIONS}
     same = [
         c
         for c in candidates
-        if c["engine"] == engine and c["precision"] == rt.precision and c["passed"] and c["rows_per_s"]
+        if ((c["engine"] == engine and c["precision"] == rt.precision) or c["engine"] not in text_engines)
+        and c["passed"]
+        and c["rows_per_s"]
     ]
     same = [c for c in same if c["threads"] == threads] or same
     if not same:
-        return DEFAULT_BATCH, f"tune measured no passing {engine} {rt.precision} candidate; using the default"
+        return fallback, f"tune measured no passing {engine} {rt.precision} candidate; using {default}"
     best = max(same, key=lambda c: c["rows_per_s"])
     return int(best["batch_size"]), f"measured by bulkinfer tune: {best['rows_per_s']} rows/s, {path}"
 

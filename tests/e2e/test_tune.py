@@ -61,7 +61,7 @@ def test_tune_picks_a_gate_passing_candidate_and_writes_a_runnable_job(tmp_path)
     assert report["batch_size"] == expect
 
 
-def test_auto_batch_size_without_a_tune_result_uses_16(tmp_path):
+def test_auto_batch_size_without_a_tune_result_uses_the_models_default_else_16(tmp_path):
     write(make_catalog(30, seed=2), tmp_path / "c.parquet")
     (tmp_path / "m.py").write_text("def n(t):\n    return {'n': [len(x) for x in t['title'].to_pylist()]}\n")
     proc = cli(
@@ -71,6 +71,19 @@ def test_auto_batch_size_without_a_tune_result_uses_16(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "runtime.batch_size = auto: 16 (no tune result for this model on this machine" in proc.stderr
     assert json.loads((tmp_path / "out" / "_bulkinfer" / "report.json").read_text())["batch_size"] == 16
+    # a tabular model's own default (one call per window of rows), not 16
+    from helpers import tabular_table, train_classifier
+
+    write(tabular_table(500), tmp_path / "t.parquet")
+    train_classifier(tmp_path / "m.joblib")
+    proc = cli("run", "-i", "t.parquet", "-m", "m.joblib", "--feature-columns", "x1,x2,x3", "-o", "tab",
+               "--set", "runtime.batch_size=auto", "--progress", "none", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "runtime.batch_size = auto: 65536 (no tune result for this model on this machine; using the model's "
+        "default, 65536" in proc.stderr
+    )
+    assert json.loads((tmp_path / "tab" / "_bulkinfer" / "report.json").read_text())["batch_size"] == 65536
 
 
 SINGLE_THREADED = """
@@ -109,6 +122,10 @@ def test_tune_measures_one_process_against_one_per_cpu_for_a_model_without_preci
         assert (tuned.execution.workers, tuned.execution.num_cpus, tuned.runtime.threads) == (cpus, 1.0, 1)
         assert f"{cpus} processes: execution.backend = ray" in proc.stdout
     assert "rows of the job's input on x86_64:" in proc.stderr or "rows of the job's input on aarch64:" in proc.stderr
+    auto = cli("run", "job.toml", "-o", "out-auto", "--set", "runtime.batch_size=auto", "--progress", "none",
+               cwd=tmp_path, env={**__import__("os").environ, **env})  # fmt: skip
+    assert auto.returncode == 0, auto.stderr
+    assert f"runtime.batch_size = auto: {measured[0]['batch_size']} (measured by bulkinfer tune" in auto.stderr
     cli("run", "job.tuned.toml", "--progress", "none", cwd=tmp_path, env={**__import__("os").environ, **env},
         check=True)  # fmt: skip
     out = read_output(tmp_path / "out").sort_by("id")

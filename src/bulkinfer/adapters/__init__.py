@@ -249,7 +249,7 @@ def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> J
     if cfg.runtime.batch_size == "auto":
         from ..tune import auto_batch_size
 
-        size, why = auto_batch_size(cfg, model_digest)
+        size, why = auto_batch_size(cfg, model_digest, adapter.batch_size_hint)
         log.info("runtime.batch_size = auto: %d (%s)", size, why)
         return _with_batch(cfg, size)
     if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
