@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_index.py 50000 20000
 	$(PY) bench/bench_incremental.py 20000
 	$(PY) bench/bench_planning.py 10000 2000
+	$(PY) bench/bench_int8_static.py 2000 128
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis
