@@ -41,6 +41,9 @@ class _Section(BaseModel):
 class SourceConfig(_Section):
     paths: list[str] = Field(default_factory=list)
     """Input files: paths, directories, globs or fsspec URIs (file://, memory://, s3://...)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options for the inputs' object store (s3: endpoint_url, key, secret, profile, client_kwargs...);
+    empty: the store's usual configuration (AWS_* variables, a profile, an instance role). Never stored."""
     format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch"] = "auto"
     """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
     openai-batch). delta: paths are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog."""

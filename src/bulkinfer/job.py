@@ -43,6 +43,7 @@ from .runners import make_runner
 from .sinks import Sink, make_sink
 from .sinks.exports import ExportTarget, make_exports, make_route_targets
 from .sources import Shard
+from .sources.files import use_storage_options
 from .spend import CostGuard
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
@@ -71,6 +72,7 @@ class Prepared:
 def prepare(cfg: JobConfig) -> Prepared:
     """Resolve the model and build its adapter (nothing heavy is loaded yet)."""
     cfg.require_runnable()
+    use_storage_options(cfg.source.storage_options, cfg.source.paths)
     cfg = batch_config(cfg)
     model = resolve_model(cfg)
     cfg = resolve_precision(cfg, model)

@@ -31,6 +31,7 @@ from .errors import BulkinferError, ConfigError, QualityGateError
 from .quality import partial_int8, quality_gate, run_adapter, sample_rows, searchable
 from .sinks import write_bytes
 from .sources import list_inputs, plan_shards
+from .sources.files import use_storage_options
 
 log = logging.getLogger("bulkinfer")
 
@@ -88,6 +89,7 @@ def tune(
     if not cfg.source.paths or not cfg.model.name:
         raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
     model = resolve_model(cfg)
+    use_storage_options(cfg.source.storage_options, cfg.source.paths)
     shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format, cfg.source), cfg.source.shard_rows, [])
     if model.kind in ("tabular", "custom", "onnx"):
         return _tune_processes(cfg, model, shards, sample_size, on_candidate)

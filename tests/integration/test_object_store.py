@@ -349,3 +349,38 @@ def test_planning_parquet_on_s3_costs_the_listing_and_one_read_per_small_file(s3
     changed = plan_again()
     assert proxy.served - before >= 1 + 3  # that one is read again
     assert json.loads(changed.stdout)[3] == ["f03.parquet", 0, 10000]  # planned anew (the store says so)
+
+
+def test_inputs_on_a_store_the_environment_does_not_name_are_read_with_source_storage_options(s3job, s3_server,
+                                                                                              tmp_path):  # fmt: skip
+    """No AWS_* variables: the inputs' endpoint and credentials come from source.storage_options
+    alone (as for a MinIO beside the cluster), the job reads and writes every row, and
+    job.json keeps the endpoint but not the key or the secret."""
+    _config, bucket = s3job
+    s3_server.client().put_object(Bucket=bucket, Key="in/in.parquet", Body=(tmp_path / "in.parquet").read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # and no credentials from anywhere else botocore looks (files, an instance role)
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))  # fmt: skip
+    opts = s3_server.options
+    inline = (f'{{endpoint_url = "{opts["endpoint_url"]}", key = "{opts["key"]}", secret = "{opts["secret"]}", '
+              'client_kwargs = {region_name = "us-east-1"}}')  # fmt: skip
+    args = ["run", "-i", f"s3://{bucket}/in/", "-m", "s3model:embed", "--feature-columns", "x", "--id-column", "id",
+            "-o", "out-opts", "--progress", "none", "--set", "source.shard_rows=50",
+            "--set", f"source.storage_options={inline}"]  # fmt: skip
+    proc = subprocess.run([*BULKINFER, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = pq.read_table(sorted((tmp_path / "out-opts").glob("part-*.parquet")))
+    assert sorted(out["id"].to_pylist()) == list(range(250))
+    stored = json.loads((tmp_path / "out-opts" / "_bulkinfer" / "job.json").read_text())["config"]["source"]
+    assert stored["storage_options"]["endpoint_url"] == opts["endpoint_url"]
+    assert stored["storage_options"]["key"] == stored["storage_options"]["secret"] == "<redacted>"
+    # without them nothing names the store's endpoint or credentials: one line, no traceback
+    proc = subprocess.run([*BULKINFER, *args[:-2], "-o", "out-none"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"bulkinfer: error: s3://{bucket}/in/: cannot read it (NoCredentialsError: "), last
+    assert last.endswith("check the path, and the store's endpoint and credentials (source.storage_options, or the "
+                         "environment)")  # fmt: skip
+    assert "Traceback" not in proc.stderr

@@ -44,6 +44,7 @@ from ..report import RunStats
 from ..routing import compile_routes
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
+from ..sources.files import use_storage_options
 from .base import Committing
 
 __all__ = ["RayRunner"]
@@ -76,6 +77,7 @@ class Worker:
             if p not in sys.path and os.path.isdir(p):
                 sys.path.insert(0, p)
         self.cfg = JobConfig.model_validate(cfg_json)
+        use_storage_options(self.cfg.source.storage_options, self.cfg.source.paths)  # this process reads too
         from ..records import redact
 
         redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do

@@ -24,6 +24,7 @@ __all__ = [
     "path_or_file",
     "read_range",
     "read_whole",
+    "use_storage_options",
 ]
 
 _HASH_BYTES = 64 * 1024
@@ -54,8 +55,23 @@ class InputFile:
         return cls(**data)
 
 
+# source.storage_options by protocol: every input (and the previous output of an incremental
+# run) on that store opens with them. Set per job (use_storage_options), in each process.
+_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def use_storage_options(options: dict[str, Any], paths: Sequence[str]) -> None:
+    """Open the stores ``paths`` name with ``options`` from now on (none: their usual configuration)."""
+    _OPTIONS.clear()
+    for p in paths if options else ():
+        protocol = fsspec.core.split_protocol(p)[0]
+        if protocol and protocol != "file":
+            _OPTIONS[protocol] = dict(options)
+
+
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(uri)
+    options = _OPTIONS.get(fsspec.core.split_protocol(uri)[0] or "", {})
+    fs, path = fsspec.core.url_to_fs(uri, **options)
     return fs, path
 
 
@@ -109,10 +125,30 @@ def _files(found: Any) -> dict[str, dict[str, Any]]:
     return {p: info for p, info in found.items() if info.get("type", "file") == "file"}
 
 
+def _store_trouble(where: str, exc: Exception) -> SourceError:
+    """One line for a store that cannot be reached or refuses (no credentials, a wrong
+    endpoint, access denied): whatever the client library raised, no traceback."""
+    why = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return SourceError(
+        f"{where}: cannot read it ({type(exc).__name__}: {why}); check the path, and the store's endpoint and "
+        "credentials (source.storage_options, or the environment)",
+        where,
+    )
+
+
 def _expand(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The files ``pattern`` names, each with what its listing said of it (size, ETag or
     mtime): a listing of a directory or a glob costs one request per 1,000 objects on an
     object store, where asking each file would cost one per file."""
+    try:
+        return _listing(pattern, extensions)
+    except SourceError:
+        raise
+    except Exception as exc:  # the store's client raised it: any library, any kind
+        raise _store_trouble(pattern, exc) from exc
+
+
+def _listing(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
     fs, path = filesystem(pattern)
     if _glob.has_magic(path):
         found = _files(fs.glob(path, detail=True))
@@ -161,8 +197,8 @@ def fingerprint(uri: str, fmt: str, info: dict[str, Any] | None = None, known: I
         if size > _HASH_BYTES:
             tail = fs.cat_file(path, start=max(_HASH_BYTES, size - _HASH_BYTES), end=size)
             h.update(tail)
-    except OSError as exc:  # planning reports it as a problem of this file; the job goes on with the others
-        why = str(exc.strerror or exc)
+    except Exception as exc:  # planning reports it as a problem of this file; the job goes on with the others
+        why = str(getattr(exc, "strerror", None) or exc)  # (OSError, or what a store's client raised)
         return InputFile(uri=uri, format=fmt, size=size, version=version, digest="", unreadable=why)
     f = InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
     if fmt == "parquet":
