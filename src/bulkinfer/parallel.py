@@ -41,6 +41,14 @@ def _timed(adapter: Any, sample: pa.Table, batch_size: int, seconds: float) -> t
             return rows, time.perf_counter() - t0, time.process_time() - c0
 
 
+def _ready(cfg: JobConfig, model: ResolvedModel, sample: pa.Table, batch_size: int, threads: int) -> Any:
+    """The model's adapter set up with ``threads`` and warmed up on one call."""
+    adapter = build_adapter(cfg, model)
+    adapter.setup(SetupContext(threads=threads))
+    predict_table(adapter, sample.slice(0, batch_size), batch_size)
+    return adapter
+
+
 def _worker(cfg: dict[str, Any], model: tuple[str, str, str], sample: bytes, batch_size: int, seconds: float,
             start: Any, results: Any) -> None:  # fmt: skip
     """One process of a parallel measurement: set up with one thread, wait for the others, time."""
@@ -48,9 +56,7 @@ def _worker(cfg: dict[str, Any], model: tuple[str, str, str], sample: bytes, bat
     from .config import JobConfig
 
     table = pa.ipc.open_stream(sample).read_all()
-    adapter = build_adapter(JobConfig.model_validate(cfg), ResolvedModel(*model))
-    adapter.setup(SetupContext(threads=1))
-    predict_table(adapter, table.slice(0, batch_size), batch_size)  # warm-up
+    adapter = _ready(JobConfig.model_validate(cfg), ResolvedModel(*model), table, batch_size, threads=1)
     start.wait()
     results.put(_timed(adapter, table, batch_size, seconds))
     adapter.close()
@@ -64,10 +70,8 @@ def measure(
     if processes == 1:
         from .adapters import available_cpus
 
-        adapter = build_adapter(cfg, model)
-        adapter.setup(SetupContext(threads=cfg.runtime.threads or available_cpus()))
+        adapter = _ready(cfg, model, sample, batch_size, threads=cfg.runtime.threads or available_cpus())
         try:
-            predict_table(adapter, sample.slice(0, batch_size), batch_size)  # warm-up
             rows, wall, cpu = _timed(adapter, sample, batch_size, seconds)
         finally:
             adapter.close()

@@ -139,7 +139,8 @@ def tune(
                             passed, note = True, ""
                         except QualityGateError as none:
                             quality, note = dict(none.figures), "below the floor even with blocks in fp32"
-            groups = list(getattr(adapter, "int8_fp32_groups", None) or []) or None if precision == "int8" else None
+            kept = getattr(adapter, "int8_fp32_groups", None) if precision == "int8" else None
+            groups = list(kept) if kept else None
             if groups:
                 note = f"{len(groups)} block(s) in fp32: {', '.join(groups)}"
             for bs in batch_sizes:
@@ -227,6 +228,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
 
     rt = cfg.runtime
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
+    fp32_engine = rt.engine if rt.engine != "auto" else "onnxruntime"  # when nothing measured can be taken
     path = results_path(cfg, model.digest)
     try:
         measured = json.loads(path.read_text())["candidates"]
@@ -234,7 +236,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     except (OSError, ValueError, KeyError):
         if not cfg.source.paths:  # serve: no rows of a job to calibrate on
             return (
-                rt.engine if rt.engine != "auto" else "onnxruntime",
+                fp32_engine,
                 "fp32",
                 (
                     f"no tune result for this model on this machine ({isa_key()}) and no input to calibrate on; "
@@ -253,7 +255,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
         source = f"calibrated now on {CALIBRATION_ROWS} rows, kept in {path}"
     usable = [c for c in measured if (c["engine"], c["precision"]) in allowed and c["passed"] and c.get("rows_per_s")]
     if not usable:
-        return rt.engine if rt.engine != "auto" else "onnxruntime", "fp32", f"nothing measured passed ({source})"
+        return fp32_engine, "fp32", f"nothing measured passed ({source})"
     best = max(usable, key=lambda c: c["rows_per_s"])
     fp32 = max((c["rows_per_s"] for c in usable if c["precision"] == "fp32"), default=None)
     against = f" against fp32's {fp32}" if fp32 and best["precision"] != "fp32" else ""
