@@ -17,6 +17,7 @@ import typer
 
 from .config import field_docs, load_config
 from .errors import BulkinferError, Interrupted
+from .hardware import quiet_tokenizers
 
 __all__ = ["app", "main"]
 
@@ -49,7 +50,7 @@ def _split(values: list[str] | None) -> list[str] | None:
 def _prepare(quiet: bool) -> None:
     """Offline model hub, quiet tokenizers, and log lines on stderr."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quiet_tokenizers()
     _setup_logging(quiet)
 
 
@@ -251,7 +252,7 @@ def tune(
 ) -> None:
     """Measure engine x precision x batch size on a sample of the input; keep the fastest that passes the gate."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quiet_tokenizers()
     _setup_logging(quiet=True)
     from rich.console import Console
     from rich.table import Table

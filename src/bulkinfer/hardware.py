@@ -4,9 +4,13 @@ has come with AVX-512/VNNI/bf16 and with AVX2 only; bf16 without bf16 instructio
 emulated (measured 5x slower than fp32 there) and dynamic int8 without dot-product
 instructions runs kernels whose sums saturate.
 
+The GPU, when ``runtime.device`` names one, comes from torch's own queries (:func:`gpu`):
+bf16 has tensor cores from compute capability 8.0 (A100, L4, H100) and is emulated below it
+(T4, V100), where fp16 is the fast precision.
+
 Used by ``report.json`` (``machine``), the compiled-model cache and ``tune``'s measurements
-(both keyed by :func:`isa_key`, so nothing made for one kind of machine is reused on
-another), the warnings before a run, and the benchmarks' output.
+(both keyed by :func:`isa_key`, tune's by :func:`gpu` too, so nothing made for one kind of
+machine is reused on another), the warnings before a run, and the benchmarks' output.
 """
 
 from __future__ import annotations
@@ -17,7 +21,19 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CPU_FEATURES", "cpu", "emulated", "emulation_warning", "has", "isa_key", "parse_cpuinfo"]
+__all__ = [
+    "CPU_FEATURES",
+    "cpu",
+    "emulated",
+    "emulation_warning",
+    "feed_the_gpu",
+    "gpu",
+    "has",
+    "isa_key",
+    "parse_cpuinfo",
+    "quiet_tokenizers",
+    "require_device",
+]
 
 # flag in /proc/cpuinfo -> the name bulkinfer reports
 CPU_FEATURES = {
@@ -26,12 +42,15 @@ CPU_FEATURES = {
     "avx512_vnni": "avx512_vnni",
     "avx_vnni": "avx_vnni",
     "avx512_bf16": "avx512_bf16",
+    "avx512_fp16": "avx512_fp16",
     "amx_tile": "amx",
     "amx_bf16": "amx_bf16",
     "amx_int8": "amx_int8",
+    "amx_fp16": "amx_fp16",
     "asimd": "neon",
     "sve": "sve",
     "bf16": "arm_bf16",
+    "asimdhp": "arm_fp16",
     "i8mm": "i8mm",
     "asimddp": "arm_dotprod",
 }
@@ -74,6 +93,71 @@ def isa_key() -> str:
     return f"{c['arch']}:{'+'.join(c['features']) or 'baseline'}"
 
 
+@functools.lru_cache(maxsize=8)
+def gpu(device: str) -> dict[str, Any] | None:
+    """``{"name", "capability", "memory_gib", "count"}`` of the GPU ``device`` names, from torch's
+    own queries (torch is imported only for a ``cuda`` device); None for a CPU device or when
+    torch sees no GPU."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = torch.device(device).index
+        props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+        count = torch.cuda.device_count()
+    except (ImportError, RuntimeError, AssertionError, ValueError):
+        return None
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "count": count,
+    }
+
+
+def require_device(device: str) -> None:
+    """Raise a one-line :class:`ConfigError` when ``device`` is a GPU torch cannot use here."""
+    if not device.startswith("cuda") or gpu(device) is not None:
+        return
+    import torch
+
+    from .errors import ConfigError
+
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    seen = torch.cuda.device_count() if torch.version.cuda else 0
+    raise ConfigError(
+        f"runtime.device = {device}: torch {torch.__version__} ({build}) sees {seen} GPU(s) here; "
+        "set runtime.device = cpu, or run where the GPU and a CUDA build of torch are"
+    )
+
+
+def _capability(info: dict[str, Any]) -> tuple[int, int]:
+    major, _, minor = str(info["capability"]).partition(".")
+    return int(major), int(minor or 0)
+
+
+_TOKENIZER_THREADS_CHOSEN_HERE = False
+
+
+def quiet_tokenizers() -> None:
+    """Hugging Face tokenizers' own threads off, unless ``TOKENIZERS_PARALLELISM`` is set: on a
+    CPU they take the cores inference runs on (and warn when a process forks)."""
+    global _TOKENIZER_THREADS_CHOSEN_HERE
+    if "TOKENIZERS_PARALLELISM" not in os.environ:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _TOKENIZER_THREADS_CHOSEN_HERE = True
+
+
+def feed_the_gpu(device: str) -> None:
+    """On a GPU the reader thread's tokenizer is what feeds the device while the host's cores
+    idle: let it use them, unless the user set ``TOKENIZERS_PARALLELISM`` themselves."""
+    if device.startswith("cuda") and _TOKENIZER_THREADS_CHOSEN_HERE:
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
 def int8_scheme() -> dict[str, bool]:
     """How int8 weights are quantized for this CPU: on x86 without VNNI the u8s8 kernels add
     pairs of products in 16 bits, which saturate with 8-bit weights, so weights use 7 bits
@@ -83,11 +167,18 @@ def int8_scheme() -> dict[str, bool]:
 
 
 def emulated(device: str, precision: str) -> bool:
-    """Whether ``precision`` has no instructions of its own here: bf16 on a CPU without bf16
-    (AVX-512 bf16, AMX, or ARM's bf16), computed in fp32 and converted back, slower than fp32."""
-    if device.startswith("cuda") or precision != "bf16":
+    """Whether ``precision`` has no instructions of its own here, so it is computed in fp32 and
+    converted back, slower than fp32: bf16 on a CPU without bf16 (AVX-512 bf16, AMX, or ARM's
+    bf16) or on a GPU below compute capability 8.0; fp16 on a CPU without fp16 arithmetic
+    (AVX-512 fp16, AMX fp16, ARM's half-precision SIMD)."""
+    if precision not in ("bf16", "fp16"):
         return False
+    if device.startswith("cuda"):
+        info = gpu(device)
+        return precision == "bf16" and info is not None and _capability(info) < (8, 0)
     x86 = cpu()["arch"] in ("x86_64", "AMD64", "i686")
+    if precision == "fp16":
+        return not (has("avx512_fp16", "amx_fp16") if x86 else has("arm_fp16"))
     return not (has("avx512_bf16", "amx_bf16") if x86 else has("arm_bf16"))
 
 
@@ -95,13 +186,22 @@ def emulation_warning(device: str, precision: str) -> str | None:
     """One line when ``precision`` runs emulated or on weak kernels on this CPU (None: it fits)."""
     arch = cpu()["arch"]
     x86 = arch in ("x86_64", "AMD64", "i686")
-    if device.startswith("cuda") or precision == "fp32":
+    if precision == "fp32":
         return None
-    if emulated(device, precision):
+    if emulated(device, precision) and device.startswith("cuda"):
+        info = gpu(device) or {}
         return (
-            f"runtime.precision = bf16: this CPU ({isa_key()}) has no bf16 instructions, so bf16 is emulated and "
-            "slower than fp32 (measured 5x slower on an AVX2-only machine); use fp32, or int8 with its quality gate"
+            f"runtime.precision = bf16: this GPU ({info.get('name')}, compute capability {info.get('capability')}) "
+            "has no bf16 tensor cores (they start at 8.0), so bf16 is emulated and slow; use fp16"
         )
+    if emulated(device, precision):
+        slower = "measured 5x slower on an AVX2-only machine" if precision == "bf16" else "far slower"
+        return (
+            f"runtime.precision = {precision}: this CPU ({isa_key()}) has no {precision} instructions, so "
+            f"{precision} is emulated and slower than fp32 ({slower}); use fp32, or int8 with its quality gate"
+        )
+    if device.startswith("cuda"):
+        return None
     if precision == "int8" and x86 and not has("avx512_vnni", "avx_vnni", "amx_int8"):
         return (
             f"runtime.precision = int8: this CPU ({isa_key()}) has no VNNI dot-product instructions; int8 weights use "

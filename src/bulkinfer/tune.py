@@ -37,7 +37,13 @@ log = logging.getLogger("bulkinfer")
 
 __all__ = ["Candidate", "TuneResult", "auto_batch_size", "auto_precision", "results_path", "to_toml", "tune"]
 
-PRECISIONS = (("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32"), ("torch", "bf16"))
+PRECISIONS = (
+    ("onnxruntime", "fp32"),
+    ("onnxruntime", "int8"),
+    ("torch", "fp32"),
+    ("torch", "bf16"),
+    ("torch", "fp16"),
+)
 BATCH_SIZES = (8, 16, 32, 64)
 
 
@@ -95,9 +101,16 @@ def tune(
         return _tune_processes(cfg, model, shards, sample_size, on_candidate)
     if model.kind != "text-embedding":
         raise ConfigError(f"tune: measures text, tabular and custom models; this one is {model.kind}")
+    from .hardware import emulated
+
     result = TuneResult()
     sample = None
     for engine, precision in precisions:
+        if emulated(cfg.runtime.device, precision):  # slower than fp32 by construction: not worth the minutes
+            c = Candidate(engine, precision, 0, available_cpus(), passed=False, note="emulated here: not measured")
+            result.candidates.append(c)
+            on_candidate(c)
+            continue
         for threads in _thread_options():
             rt = cfg.runtime.model_copy(
                 update={"engine": engine, "precision": precision, "threads": threads, "batch_size": 16}
@@ -117,7 +130,8 @@ def tune(
             quality = None
             passed, note = True, ""
             if precision != "fp32":
-                ref_rt = rt.model_copy(update={"precision": "fp32", "engine": "onnxruntime"})
+                ref_engine = "torch" if rt.device.startswith("cuda") else "onnxruntime"  # no ORT CUDA needed
+                ref_rt = rt.model_copy(update={"precision": "fp32", "engine": ref_engine})
                 ref_cfg = cfg.model_copy(update={"runtime": ref_rt})
                 reference = build_adapter(ref_cfg, model)
                 try:
@@ -260,7 +274,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     fp32 = max((c["rows_per_s"] for c in usable if c["precision"] == "fp32"), default=None)
     against = f" against fp32's {fp32}" if fp32 and best["precision"] != "fp32" else ""
     skipped = [p for e, p in PRECISIONS if rt.engine in ("auto", e) and emulated(rt.device, p)]
-    left = f"; {', '.join(sorted(set(skipped)))} left out: emulated on this CPU" if skipped else ""
+    left = f"; {', '.join(sorted(set(skipped)))} left out: emulated here" if skipped else ""
     why = f"{best['rows_per_s']} rows/s{against} ({source}){left}"
     return best["engine"], best["precision"], why
 
@@ -276,7 +290,10 @@ def _machine() -> str:
 def results_path(cfg: JobConfig, model_digest: str) -> Path:
     """Where ``tune`` keeps its measurements for this model, device and machine."""
     root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
-    key = hashlib.sha256(f"{_machine()}|{cfg.runtime.device}".encode()).hexdigest()[:12]
+    from .hardware import gpu
+
+    where = cfg.runtime.device + (f" {gpu(cfg.runtime.device)}" if cfg.runtime.device.startswith("cuda") else "")
+    key = hashlib.sha256(f"{_machine()}|{where}".encode()).hexdigest()[:12]
     return root / "tune" / f"{model_digest[:16]}-{key}.json"
 
 

@@ -109,3 +109,27 @@ def test_inspect_of_a_non_output_is_one_line(tmp_path):
         proc.stderr.strip()
         == f"bulkinfer: error: {tmp_path}: not a bulkinfer output directory (no _bulkinfer/job.json)"
     )
+
+
+@pytest.mark.parametrize(
+    ("engine", "needle"),
+    [
+        ("torch", "sees 0 GPU(s) here; set runtime.device = cpu, or run where the GPU and a CUDA build of torch are"),
+        ("onnxruntime", "has no CUDA provider ("),
+    ],
+)
+def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_path, engine, needle):
+    from bulkinfer.hardware import gpu
+
+    from helpers import make_catalog
+
+    if gpu("cuda") is not None:
+        pytest.skip("this machine has a GPU")
+    write(make_catalog(20), tmp_path / "in.parquet")
+    proc = cli("run", "-i", "in.parquet", "-m", "minilm", "--text-column", "description", "-o", "out",
+               "--set", "runtime.device=cuda", "--set", f"runtime.engine={engine}", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bulkinfer: error: runtime.device = cuda: ") and needle in last, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list((tmp_path / "out").glob("part-*"))

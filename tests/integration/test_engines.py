@@ -105,3 +105,27 @@ def test_impossible_engine_precision_pairs_are_config_errors(corpus, tmp_path):
         _run(corpus, "x", tmp_path, **{"runtime.engine": "torch", "runtime.precision": "int8"})
     with pytest.raises(ConfigError, match="bf16 runs on the torch engine"):
         _run(corpus, "x", tmp_path, **{"runtime.engine": "onnxruntime", "runtime.precision": "bf16"})
+
+
+def test_torch_pools_where_the_model_runs_as_the_numpy_pooling_does(minilm_path):
+    """The GPU path (pooling and normalising on the device, only vectors back) runs the same
+    code on a CPU: every pooling mode equals the numpy pooling of the hidden states."""
+    from transformers import AutoTokenizer
+
+    from bulkinfer.adapters.text import pool
+    from bulkinfer.engines.torch_engine import TorchEngine
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_path), local_files_only=True)
+    texts = ["a", "wireless headphones with noise cancelling", "steel bottle " * 20, "kids toy blocks set"]
+    enc = tok(texts, padding=True, return_tensors="np", return_token_type_ids=False)
+    ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+    assert len(set(mask.sum(axis=1))) == 4  # padding differs per row: the mask matters
+    engine = TorchEngine(str(minilm_path), device="cpu", threads=2, precision="fp32")
+    hidden = engine.forward(ids, mask)
+    for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken"):
+        want = pool(hidden, mask, mode)
+        np.testing.assert_allclose(engine.embed(ids, mask, mode, False), want, rtol=1e-5, atol=1e-5)
+        unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+        got = engine.embed(ids, mask, mode, True)
+        np.testing.assert_allclose(got, unit, rtol=1e-5, atol=1e-6)
+        assert got.dtype == np.float32 and got.shape == (4, 384)

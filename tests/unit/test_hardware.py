@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bulkinfer import hardware
 
 AVX2 = "processor : 0\nmodel name : AMD EPYC\nflags : fpu sse2 avx avx2 fma\n"
-SAPPHIRE = "model name : Intel Xeon\nflags : avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8\n"
-GRAVITON = "processor : 0\nFeatures : fp asimd asimddp sve i8mm bf16\nCPU part : 0xd40\n"
+SAPPHIRE = (
+    "model name : Intel Xeon\nflags : avx2 avx512f avx512_vnni avx512_bf16 avx512_fp16 amx_tile amx_bf16 amx_int8\n"
+)
+GRAVITON = "processor : 0\nFeatures : fp asimd asimdhp asimddp sve i8mm bf16\nCPU part : 0xd40\n"
+T4 = {"name": "Tesla T4", "capability": "7.5", "memory_gib": 14.6, "count": 1}
+H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.1, "count": 1}
 
 
 @pytest.mark.parametrize(
     ("text", "arch", "features", "bf16_warns", "int8_warns"),
     [
         (AVX2, "x86_64", ["avx2"], True, True),
-        (SAPPHIRE, "x86_64", ["amx", "amx_bf16", "amx_int8", "avx2", "avx512_bf16", "avx512_vnni", "avx512f"], False,
-         False),
-        (GRAVITON, "aarch64", ["arm_bf16", "arm_dotprod", "i8mm", "neon", "sve"], False, False),
+        (SAPPHIRE, "x86_64", ["amx", "amx_bf16", "amx_int8", "avx2", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+                              "avx512f"], False, False),
+        (GRAVITON, "aarch64", ["arm_bf16", "arm_dotprod", "arm_fp16", "i8mm", "neon", "sve"], False, False),
     ],
 )  # fmt: skip
 def test_features_and_warnings_per_machine_kind(monkeypatch, text, arch, features, bf16_warns, int8_warns):
@@ -31,9 +37,60 @@ def test_features_and_warnings_per_machine_kind(monkeypatch, text, arch, feature
     if bf16:
         assert "emulated" in bf16 and "use fp32" in bf16 and hardware.isa_key() in bf16
     assert hardware.emulation_warning("cpu", "fp32") is None
-    assert hardware.emulation_warning("cuda:0", "bf16") is None
+    # fp16 has arithmetic of its own on Sapphire Rapids (AVX-512 fp16) and Graviton 3, not on AVX2
+    fp16 = hardware.emulation_warning("cpu", "fp16")
+    assert (fp16 is not None) == (text == AVX2) and hardware.emulated("cpu", "fp16") == (text == AVX2)
+    if fp16:
+        assert fp16.startswith(f"runtime.precision = fp16: this CPU ({hardware.isa_key()}) has no fp16 instructions")
     # int8 weights in 7 bits exactly where the kernels saturate: x86 without VNNI
     assert hardware.int8_scheme() == {"reduce_range": arch == "x86_64" and "avx512_vnni" not in features}
+
+
+@pytest.mark.parametrize(("card", "bf16_emulated"), [(T4, True), (H100, False)])
+def test_on_a_gpu_bf16_needs_compute_capability_8_and_fp16_runs_everywhere(monkeypatch, card, bf16_emulated):
+    monkeypatch.setattr(hardware, "cpu", lambda: {**hardware.parse_cpuinfo(AVX2, "x86_64"), "cpus": 16})
+    monkeypatch.setattr(hardware, "gpu", lambda device: card if device.startswith("cuda") else None)
+    assert hardware.emulated("cuda:0", "bf16") == bf16_emulated
+    assert not hardware.emulated("cuda", "fp16") and hardware.emulation_warning("cuda", "fp16") is None
+    warning = hardware.emulation_warning("cuda", "bf16")
+    if bf16_emulated:
+        assert warning == (
+            "runtime.precision = bf16: this GPU (Tesla T4, compute capability 7.5) has no bf16 tensor cores "
+            "(they start at 8.0), so bf16 is emulated and slow; use fp16"
+        )
+    else:
+        assert warning is None
+    # the CPU's int8 note is about the CPU's kernels: not said for a GPU job
+    assert hardware.emulation_warning("cuda", "int8") is None
+
+
+def test_a_gpu_device_without_a_gpu_is_one_line_naming_the_device(monkeypatch):
+    from bulkinfer import ConfigError
+
+    if hardware.gpu("cuda") is not None:
+        pytest.skip("this machine has a GPU")
+    hardware.require_device("cpu")  # nothing to check
+    with pytest.raises(ConfigError) as err:
+        hardware.require_device("cuda:1")
+    line = str(err.value)
+    assert line.startswith("runtime.device = cuda:1: torch ") and "sees 0 GPU(s) here" in line
+    assert line.endswith("set runtime.device = cpu, or run where the GPU and a CUDA build of torch are")
+    assert "\n" not in line
+
+
+def test_tokenizer_threads_off_on_a_cpu_on_for_a_gpu_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr(hardware, "_TOKENIZER_THREADS_CHOSEN_HERE", False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    hardware.quiet_tokenizers()
+    hardware.feed_the_gpu("cpu")
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    hardware.feed_the_gpu("cuda:0")
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    monkeypatch.setattr(hardware, "_TOKENIZER_THREADS_CHOSEN_HERE", False)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # the user's choice stands
+    hardware.quiet_tokenizers()
+    hardware.feed_the_gpu("cuda")
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
 
 
 def test_this_machine_is_described_in_the_report_format():
@@ -41,7 +98,7 @@ def test_this_machine_is_described_in_the_report_format():
     assert c["cpus"] >= 1 and c["arch"] and set(c["features"]) <= set(hardware.CPU_FEATURES.values())
 
 
-def _measured(cache, monkeypatch, text, candidates):
+def _measured(cache, monkeypatch, text, candidates, **overrides):
     """A tune result for a fake model, kept under the machine kind ``text`` describes."""
     import json
 
@@ -49,7 +106,7 @@ def _measured(cache, monkeypatch, text, candidates):
     from bulkinfer.tune import results_path
 
     monkeypatch.setattr(hardware, "cpu", lambda: {**hardware.parse_cpuinfo(text, "x86_64"), "cpus": 2})
-    cfg = load_config(overrides={"model.name": "m", "runtime.cache_dir": str(cache)})
+    cfg = load_config(overrides={"model.name": "m", "runtime.cache_dir": str(cache), **overrides})
     path = results_path(cfg, "d" * 64)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"engine": e, "precision": p, "batch_size": 16, "threads": 2, "rows_per_s": r, "passed": ok}
@@ -81,7 +138,27 @@ def test_precision_auto_is_the_fastest_measured_that_passed_and_is_not_emulated(
     assert got[:2] == expect
     rate = 500.0 if expect[1] == "bf16" else 400.0
     assert got[2].startswith(f"{rate} rows/s against fp32's 270.0 (measured by bulkinfer tune, ")
-    assert got[2].endswith("; bf16 left out: emulated on this CPU") == (text == AVX2)
+    assert got[2].endswith("; bf16, fp16 left out: emulated here") == (text == AVX2)
+
+
+@pytest.mark.parametrize(("card", "expect"), [(T4, "fp16"), (H100, "bf16")])
+def test_precision_auto_on_a_gpu_leaves_out_bf16_below_compute_capability_8(tmp_path, monkeypatch, card, expect):
+    from types import SimpleNamespace
+
+    from bulkinfer import load_config
+    from bulkinfer.tune import auto_precision, results_path
+
+    monkeypatch.setattr(hardware, "gpu", lambda device: card if device.startswith("cuda") else None)
+    measured = [("torch", "fp32", 3000.0, True), ("torch", "bf16", 9000.0, True), ("torch", "fp16", 8000.0, True)]
+    _measured(tmp_path, monkeypatch, AVX2, measured, **{"runtime.device": "cuda"})
+    cfg = load_config(overrides={"model.name": "m", "runtime.cache_dir": str(tmp_path), "runtime.device": "cuda"})
+    engine, precision, why = auto_precision(cfg, SimpleNamespace(digest="d" * 64))
+    assert (engine, precision) == ("torch", expect)
+    assert why.endswith("; bf16 left out: emulated here") == (card is T4)
+    # measurements are kept per GPU: another card reads none of them
+    other = {**card, "name": "another card"}
+    monkeypatch.setattr(hardware, "gpu", lambda device: other if device.startswith("cuda") else None)
+    assert not results_path(cfg, "d" * 64).exists()
 
 
 def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_failed(tmp_path, monkeypatch):

@@ -174,8 +174,8 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             return VllmGenerateAdapter(model.location, m, requests=requests)
         if cfg.runtime.engine == "onnxruntime":
             raise ConfigError("runtime.engine: generation models run on transformers (auto) or vllm")
-        if cfg.runtime.precision not in ("fp32", "bf16"):
-            raise ConfigError("runtime.precision: generation models run in fp32 or bf16 (int8 is for embeddings)")
+        if cfg.runtime.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError("runtime.precision: generation models run in fp32, bf16 or fp16 (int8 is for embeddings)")
         return GenerateAdapter(model.location, m, requests=requests, precision=cfg.runtime.precision)
     if cfg.source.format == "openai-batch":
         raise ConfigError(

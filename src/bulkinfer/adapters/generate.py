@@ -159,12 +159,14 @@ class GenerateAdapter(Adapter):
         import torch
         from transformers import AutoModelForCausalLM
 
+        from ..hardware import require_device
         from ..llm.constrain import Grammars
 
+        require_device(ctx.device)
         torch.set_num_threads(ctx.threads)
         self.load_tokenizer()
         try:
-            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
             self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise ModelError(f"model {self.model_path}: cannot load the causal language model ({exc})") from exc

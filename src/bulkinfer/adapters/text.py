@@ -124,6 +124,9 @@ class TextEmbeddingAdapter(Adapter):
     def setup(self, ctx: SetupContext) -> None:
         from transformers import AutoTokenizer
 
+        from ..hardware import feed_the_gpu
+
+        feed_the_gpu(ctx.device)
         try:
             tok = AutoTokenizer.from_pretrained(str(self.layout.transformer_dir), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -188,6 +191,11 @@ class TextEmbeddingAdapter(Adapter):
         return {"input_ids": ids, "attention_mask": mask}
 
     def predict(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        embed = getattr(self._engine, "embed", None)
+        if embed is not None:  # torch: pooled where the model ran (on a GPU only vectors come back)
+            out: np.ndarray = embed(batch["input_ids"], batch["attention_mask"], self.layout.pooling,
+                                    self.layout.normalize)  # fmt: skip
+            return out
         hidden = self._engine.forward(batch["input_ids"], batch["attention_mask"])
         vectors = pool(hidden, batch["attention_mask"], self.layout.pooling).astype(np.float32)
         if self.layout.normalize:

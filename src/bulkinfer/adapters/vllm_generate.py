@@ -35,7 +35,7 @@ class VllmGenerateAdapter(GenerateAdapter):
         self.load_tokenizer()
         try:
             self.model = LLM(model=self.model_path, tokenizer=self.model_path, seed=self.seed,
-                             dtype="bfloat16" if self.precision == "bf16" else "auto")  # fmt: skip
+                             dtype={"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "auto"))  # fmt: skip
         except Exception as exc:  # vLLM raises many kinds (no GPU, out of memory, unsupported architecture)
             raise ModelError(f"model {self.model_path}: vLLM could not load it ({type(exc).__name__}: {exc})") from exc
         config = self.model.llm_engine.model_config

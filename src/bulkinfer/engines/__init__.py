@@ -70,14 +70,14 @@ def choose_engine(engine: str, precision: str, device: str) -> str:
     if engine == "vllm":
         raise ConfigError("runtime.engine: vllm runs generation models; embeddings run on torch or onnxruntime")
     if engine == "auto":
-        engine = "torch" if precision == "bf16" or not device.startswith("cpu") else "onnxruntime"
+        engine = "torch" if precision in ("bf16", "fp16") or not device.startswith("cpu") else "onnxruntime"
     if engine == "torch" and precision == "int8":
         raise ConfigError(
             "runtime.precision: int8 runs on the onnxruntime engine (torch's dynamic int8 is per-tensor "
             "and too lossy); set runtime.engine=onnxruntime"
         )
-    if engine == "onnxruntime" and precision == "bf16":
-        raise ConfigError("runtime.precision: bf16 runs on the torch engine; set runtime.engine=torch")
+    if engine == "onnxruntime" and precision in ("bf16", "fp16"):
+        raise ConfigError(f"runtime.precision: {precision} runs on the torch engine; set runtime.engine=torch")
     return engine
 
 

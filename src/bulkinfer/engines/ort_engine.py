@@ -182,6 +182,13 @@ class OrtEngine:
                 f"runtime.precision: {precision!r} is not supported by onnxruntime; use fp32 or int8 "
                 "(bf16 runs on the torch engine)"
             )
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise ModelError(  # before the export: nothing built for a run that cannot start
+                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no CUDA provider "
+                f"({', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu, or set "
+                "runtime.engine = torch"
+            )
         entry = cache_entry(cache_dir, model_digest, precision, keep_fp32)
         self.fp32_path = cache_entry(cache_dir, model_digest, "fp32") / "model.onnx"
         self.cache_hit = (entry / "model.onnx").is_file()
@@ -196,9 +203,8 @@ class OrtEngine:
         so.inter_op_num_threads = 1
         if not spin:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = ["CPUExecutionProvider"]
-        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+        if device.startswith("cuda"):
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}))
         self._session = ort.InferenceSession(str(self.path), so, providers=providers)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

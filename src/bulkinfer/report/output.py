@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..adapters import available_cpus
 from ..errors import ConfigError, OutputError
-from ..hardware import cpu, isa_key
+from ..hardware import cpu, gpu, isa_key
 from .columns import OutputStats, describe
 from .stats import RunStats
 
@@ -59,7 +59,7 @@ def write_report(
         "batch_size": cfg.runtime.batch_size,
         "max_tokens": cfg.runtime.max_tokens,
         "threads": cfg.runtime.threads or available_cpus(),
-        "machine": {**cpu(), "isa": isa_key()},
+        "machine": {**cpu(), "isa": isa_key(), "gpu": gpu(cfg.runtime.device)},
         **stats.to_json(price_per_hour=price, currency=cfg.cost.currency),
         "output_rows": stats.output.rows,  # every committed part's rows, earlier runs' too
         "output_files": len(stats.output.covers),
