@@ -1,7 +1,7 @@
 """Online, side by side, one run: `bulkinfer serve` with dynamic batching on and off, and
 the LitServe anchor (../shared/bench/anchor_litserve.py, max batch 32, 10 ms window).
 
-Usage: .venv/bin/python bench/bench_serve.py [--requests N] [--repeat N]
+Usage: .venv/bin/python bench/bench_serve.py [--requests N] [--repeat N] [--device cuda] [--no-litserve]
 
 Each server is started on loopback and driven by ../shared/bench/load_embed.py (closed
 loop, one text per request, bounded in count and time) at 1, 8 and 32 concurrent
@@ -13,7 +13,9 @@ In the same run it measures what batching can give at most on this machine: the 
 alone (no HTTP) on load_embed.py's texts, one row per call against merges of the size
 the server saw at 32 clients (from its /metrics), cut by length as the server cuts them.
 On a GPU that ratio is large; on a small CPU a one-row call is nearly as efficient per
-token as a big one, and no server can batch past it.
+token as a big one, and no server can batch past it. ``--device cuda`` serves (and measures
+the model alone) on the GPU; ``--no-litserve`` leaves the anchor out where LitServe is not
+installed (the GPU check, bench/gpu/check.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bulkinfer.config import load_config
 from bulkinfer.serve.batcher import measure_call_overhead
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "bench"
+SHARED = Path(os.environ.get("BULKINFER_SHARED_BENCH") or ROOT.parent / "shared" / "bench")
 CLIENTS = (1, 8, 32)
 
 
@@ -102,14 +104,14 @@ def batch_rows(base: str) -> tuple[float, float]:
     return float(sums["sum"]), float(sums["count"])
 
 
-def model_ceiling(merge: int, rounds: int = 3) -> tuple[float, float]:
+def model_ceiling(merge: int, device: str, rounds: int = 3) -> tuple[float, float]:
     """rows/s of the model alone (the server's engine and threads, no HTTP): one row per
     call, and ``merge`` rows per merge cut by length as the server cuts them; best of rounds."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cfg = load_config(None, {"model.name": "minilm", "model.text_column": "text"}, [])
+    cfg = load_config(None, {"model.name": "minilm", "model.text_column": "text", "runtime.device": device}, [])
     model = resolve_model(cfg)
     adapter = build_adapter(cfg, model)
-    adapter.setup(SetupContext(threads=cfg.runtime.threads or available_cpus(), online=True))
+    adapter.setup(SetupContext(threads=cfg.runtime.threads or available_cpus(), device=device, online=True))
     overhead = measure_call_overhead(adapter, pa.table({"text": ["a short text of some words"] * 16}))
     tables = {n: [pa.table({"text": chunk}) for chunk in np.array_split(np.array(load_texts()), 256 // n)]
               for n in (1, merge)}  # fmt: skip
@@ -160,15 +162,19 @@ def main() -> None:
     print(describe())  # the CPU and its fast-path flags, beside every figure
     total = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 640
     rounds = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
-    exe = str(Path(sys.executable).parent / "bulkinfer")
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+    exe = Path(sys.executable).parent / "bulkinfer"
+    serve = [str(exe)] if exe.exists() else [sys.executable, "-m", "bulkinfer"]  # the GPU machine: no entry point
+    serve += ["serve", "-m", "minilm", "--text-column", "text", "-q", "--set", f"runtime.device={device}"]
+    if device.startswith("cuda"):
+        serve += ["--set", "runtime.engine=torch"]
+    unbatched = ["--set", "serve.max_batch_size=1", "--set", "serve.max_wait_ms=0"]
     setups = {
         "bulkinfer, batching on": (
-            lambda port: [exe, "serve", "-m", "minilm", "--text-column", "text", "--port", str(port), "-q"],
-            "/v1/embeddings", "openai", "/readyz",
+            lambda port: [*serve, "--port", str(port)], "/v1/embeddings", "openai", "/readyz",
         ),
         "bulkinfer, batching off": (
-            lambda port: [exe, "serve", "-m", "minilm", "--text-column", "text", "--port", str(port), "-q",
-                          "--set", "serve.max_batch_size=1", "--set", "serve.max_wait_ms=0"],
+            lambda port: [*serve, "--port", str(port), *unbatched],
             "/v1/embeddings", "openai", "/readyz",
         ),
         "LitServe anchor": (
@@ -176,13 +182,15 @@ def main() -> None:
             "/predict", "litserve", "/health",
         ),
     }  # fmt: skip
+    if "--no-litserve" in sys.argv:
+        del setups["LitServe anchor"]
     # rounds rotate the order: on this machine whichever server runs first is measured slower
     runs: dict[str, list[dict[int, dict[str, float]]]] = {name: [] for name in setups}
     merges = []
     names = list(setups)
     for i in range(rounds):
         print(f"-- round {i + 1} of {rounds}", flush=True)
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             out, merge = measure(name, setups[name], total)
             runs[name].append(out)
             if name == "bulkinfer, batching on":
@@ -196,10 +204,14 @@ def main() -> None:
         )
         print(f"{name:26s} {cells}")
     on, off = med["bulkinfer, batching on"][32]["rps"], med["bulkinfer, batching off"][32]["rps"]
-    anchor = med["LitServe anchor"][32]["rps"]
-    print(f"at 32 clients: batching on / off = {on / off:.2f}; bulkinfer (on) / LitServe = {on / anchor:.2f}")
+    anchor = (
+        f"; bulkinfer (on) / LitServe = {on / med['LitServe anchor'][32]['rps']:.2f}"
+        if "LitServe anchor" in med
+        else ""
+    )
+    print(f"at 32 clients: batching on / off = {on / off:.2f}{anchor}")
     merge = statistics.median(merges)
-    one, merged = model_ceiling(max(2, round(merge)))
+    one, merged = model_ceiling(max(2, round(merge)), device)
     print(
         f"the model alone on these texts: {one:.1f} rows/s one row per call, {merged:.1f} in merges of "
         f"{round(merge)} rows (the server's median rows per call at 32 clients): batching can give at most "

@@ -242,7 +242,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
 
     rt = cfg.runtime
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
-    fp32_engine = rt.engine if rt.engine != "auto" else "onnxruntime"  # when nothing measured can be taken
+    fp32_engine = choose_engine(rt.engine, "fp32", rt.device)  # when nothing measured can be taken
     path = results_path(cfg, model.digest)
     try:
         measured = json.loads(path.read_text())["candidates"]

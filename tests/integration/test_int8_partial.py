@@ -82,7 +82,8 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
     in fp32 named); precision = "auto" then runs the fastest candidate that passed."""
     import logging
 
-    from bulkinfer.tune import results_path, tune
+    from bulkinfer.hardware import emulated
+    from bulkinfer.tune import PRECISIONS, results_path, tune
 
     d, model = tiny
     base = {
@@ -109,9 +110,11 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
                                           "sink.path": str(d / "auto")}))  # fmt: skip
     assert (auto.report["engine"], auto.report["precision"]) == ("onnxruntime", fastest.precision)
     said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
+    emulated_here = sorted({p for _e, p in PRECISIONS if emulated("cpu", p)})  # this CPU's (fp16 on most)
+    left = f"; {', '.join(emulated_here)} left out: emulated here" if emulated_here else ""
     assert said == [f"runtime.precision = auto: {fastest.precision} on onnxruntime ({fastest.rows_per_s} rows/s"
                     + (f" against fp32's {fp32.rows_per_s}" if fastest is int8 else "")
-                    + f" (measured by bulkinfer tune, {results_path(cfg, resolve(cfg))}))"]  # fmt: skip
+                    + f" (measured by bulkinfer tune, {results_path(cfg, resolve(cfg))}){left})"]  # fmt: skip
     assert auto.report["rows_out"] == 120
 
 

@@ -159,6 +159,8 @@ def test_precision_auto_on_a_gpu_leaves_out_bf16_below_compute_capability_8(tmp_
     other = {**card, "name": "another card"}
     monkeypatch.setattr(hardware, "gpu", lambda device: other if device.startswith("cuda") else None)
     assert not results_path(cfg, "d" * 64).exists()
+    # and with nothing measured for this card, serve (no rows to calibrate on) runs fp32 on torch, not onnxruntime
+    assert auto_precision(cfg, SimpleNamespace(digest="d" * 64))[:2] == ("torch", "fp32")
 
 
 def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_failed(tmp_path, monkeypatch):
