@@ -143,9 +143,10 @@ class Check:
             print(text[-3000:])
         except Exception as exc:
             print(f"tune FAILED: {exc}")
-        variants = {f"bulkinfer {p}, batch 256": ["--set", f"runtime.precision={p}"] for p in ("fp32", "fp16", "bf16")}
+        variants = {f"bulkinfer {p}, batch 256": [*GPU_KNOBS, "--set", f"runtime.precision={p}"]
+                    for p in ("fp32", "fp16", "bf16")}  # fmt: skip
         if tuned.exists():
-            variants["bulkinfer after tune"] = [str(tuned)]
+            variants["bulkinfer after tune"] = [str(tuned)]  # its engine, precision and batch size as tune chose
         results = self.figures.setdefault("bulkinfer", {})
         for name, extra in variants.items():
             precision = next((x.split("=")[1] for x in extra if x.startswith("runtime.precision=")), None)
@@ -153,8 +154,7 @@ class Check:
                 print(f"{name}: skipped, emulated on {self.device} here")
                 continue
             try:
-                rep = self.run(name, [*extra[:1], *GPU_KNOBS, *extra[1:]] if extra[0] != "--set" else
-                               [*GPU_KNOBS, *extra])  # fmt: skip
+                rep = self.run(name, extra)
             except Exception as exc:
                 results[name] = {"failed": str(exc)[-1500:]}
                 print(f"{name}: FAILED {str(exc)[-1500:]}")

@@ -11,7 +11,8 @@ OUT=${OUT:-$PWD/bench/_work/gpu_out}
 mkdir -p "$OUT"
 if [[ "${1:-}" == "--dry-run" ]]; then
     PY=${PY:-.venv/bin/python}
-    exec "$PY" bench/gpu/check.py --device cpu --rows 600 --serve-requests 64 --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+    "$PY" bench/gpu/check.py --device cpu --rows 600 --serve-requests 64 --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+    exit
 fi
 [[ -d .gpukit/whl ]] || { echo "no .gpukit: run .venv/bin/python bench/gpu/pack.py here first"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpukit/whl/*.whl || exit 3

@@ -238,10 +238,14 @@ def tune(
         list[str] | None, typer.Option("--set", help="Any config field, e.g. runtime.quality_floor=0.995.")
     ] = None,
     sample_rows: Annotated[int, typer.Option(help="Rows of the input to measure on.")] = 512,
-    batch_sizes: Annotated[str, typer.Option(help="Batch sizes to try, comma-separated.")] = "8,16,32,64",
+    batch_sizes: Annotated[
+        str | None, typer.Option(help="Batch sizes to try, comma-separated (default 8,16,32,64; 64..1024 on a GPU).")
+    ] = None,
     candidates: Annotated[
         str | None,
-        typer.Option(help="Engine/precision pairs to try (default all): onnxruntime/fp32,onnxruntime/int8,torch/bf16."),
+        typer.Option(
+            help="Engine/precision pairs to try (default all; torch's on a GPU): onnxruntime/int8,torch/fp16."
+        ),
     ] = None,
     int8_search: Annotated[
         bool,
@@ -257,20 +261,20 @@ def tune(
     from rich.console import Console
     from rich.table import Table
 
-    from .tune import PRECISIONS, to_toml
+    from .tune import to_toml
     from .tune import tune as run_tune
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
     overrides = {"source.paths": input or None, "model.name": model, "model.text_column": text_column}
     try:
         cfg = load_config(config, overrides, set_)
-        sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+        sizes = tuple(int(x) for x in (batch_sizes or "").split(",") if x.strip())
         pairs = tuple(tuple(c.strip().split("/", 1)) for c in (candidates or "").split(",") if c.strip())
         result = run_tune(
             cfg,
             sample_rows,
-            sizes,
-            precisions=pairs or PRECISIONS,  # type: ignore[arg-type]
+            sizes or None,
+            precisions=pairs or None,  # type: ignore[arg-type]
             int8_search=int8_search,
             on_candidate=lambda c: console.print(
                 f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads} x{c.processes}: "

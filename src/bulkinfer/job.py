@@ -25,7 +25,7 @@ from typing import Any
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model, resolve_precision
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .config import JobConfig
-from .errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
+from .errors import BulkinferError, CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .hardware import emulation_warning
 from .ledger import Ledger, OutputLedger, active_error_files, failed_rows
 from .lineage import Lineage
@@ -75,6 +75,8 @@ def prepare(cfg: JobConfig) -> Prepared:
     use_storage_options(cfg.source.storage_options, cfg.source.paths)
     cfg = batch_config(cfg)
     model = resolve_model(cfg)
+    if cfg.runtime.precision == "auto" and not cfg.execution.overwrite:
+        cfg = _auto_as_resumed(cfg, model)
     cfg = resolve_precision(cfg, model)
     adapter = build_adapter(cfg, model)
     cfg = resolve_batch_size(cfg, model.digest, adapter)
@@ -89,6 +91,30 @@ def prepare(cfg: JobConfig) -> Prepared:
     if any(not c for c in adapter.input_columns):
         raise ConfigError("model: the adapter names an empty input column")
     return Prepared(cfg, model, adapter)
+
+
+def _auto_as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
+    """``runtime.precision = "auto"`` on an output a run of this model already started: the
+    engine and precision that run chose, so a ``tune`` in between (or another machine kind)
+    does not turn the resume into a changed job. Anything else that differs is refused by the
+    resume as usual; an output that cannot be read here is left to it too."""
+    from .outputs import private_json
+
+    try:
+        previous = private_json(cfg.sink.path, "job.json")
+    except (BulkinferError, OSError, ValueError):
+        return cfg
+    if not previous or previous.get("model_digest") != model.digest:
+        return cfg
+    chosen = (previous.get("config") or {}).get("runtime") or {}
+    if chosen.get("precision") in (None, "auto") or not chosen.get("engine"):
+        return cfg
+    keep = {k: chosen[k] for k in ("engine", "precision", "int8_fp32_groups") if k in chosen}
+    log.info(
+        "runtime.precision = auto: %s on %s, as chosen by the run this one resumes (%s)",
+        keep["precision"], keep["engine"], cfg.sink.path,
+    )  # fmt: skip
+    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update=keep)})
 
 
 def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:

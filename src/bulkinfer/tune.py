@@ -45,6 +45,7 @@ PRECISIONS = (
     ("torch", "fp16"),
 )
 BATCH_SIZES = (8, 16, 32, 64)
+GPU_BATCH_SIZES = (64, 128, 256, 512, 1024)  # a GPU is fed by big batches; a small CPU is not
 
 
 @dataclass
@@ -72,22 +73,34 @@ class TuneResult:
     sample_rows: int = 0
 
 
-def _thread_options() -> list[int]:
+def _thread_options(device: str) -> list[int]:
     n = available_cpus()
-    return [n] if n <= 2 else sorted({max(1, n // 2), n})
+    return [n] if n <= 2 or device.startswith("cuda") else sorted({max(1, n // 2), n})  # a GPU: threads matter little
+
+
+def candidates_for(device: str) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...]]:
+    """What ``tune`` tries by default on ``device``: every engine/precision pair and small batches
+    on a CPU; on a GPU the torch pairs (onnxruntime runs there only with its CUDA build) and
+    batches from 64 to 1024."""
+    if device.startswith("cuda"):
+        return tuple(p for p in PRECISIONS if p[0] == "torch"), GPU_BATCH_SIZES
+    return PRECISIONS, BATCH_SIZES
 
 
 def tune(
     cfg: JobConfig,
     sample_size: int = 512,
-    batch_sizes: tuple[int, ...] = BATCH_SIZES,
+    batch_sizes: tuple[int, ...] | None = None,
     on_candidate: Callable[[Candidate], None] = lambda c: None,
-    precisions: tuple[tuple[str, str], ...] = PRECISIONS,
+    precisions: tuple[tuple[str, str], ...] | None = None,
     int8_search: bool = True,
 ) -> TuneResult:
     """Measure every candidate (``precisions``: the engine/precision pairs to try) on
     ``sample_size`` rows from across ``cfg``'s input; with ``int8_search``, an int8 that
-    fails the gate is searched for the blocks to keep in fp32 (several builds)."""
+    fails the gate is searched for the blocks to keep in fp32 (several builds). By default
+    every pair and ``BATCH_SIZES``; on a GPU the torch pairs and ``GPU_BATCH_SIZES``."""
+    default_pairs, default_sizes = candidates_for(cfg.runtime.device)
+    batch_sizes, precisions = batch_sizes or default_sizes, precisions or default_pairs
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         known = ", ".join(f"{e}/{p}" for e, p in PRECISIONS)
@@ -111,7 +124,7 @@ def tune(
             result.candidates.append(c)
             on_candidate(c)
             continue
-        for threads in _thread_options():
+        for threads in _thread_options(cfg.runtime.device):
             rt = cfg.runtime.model_copy(
                 update={"engine": engine, "precision": precision, "threads": threads, "batch_size": 16}
             )

@@ -144,6 +144,20 @@ def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny
     assert len(said) == 1 and "measured by bulkinfer tune" in said[0]
     assert (second.report["engine"], second.report["precision"]) == (best["engine"], best["precision"])
 
+    # a new tune picks another precision: the output already started keeps the one it was made with
+    path = results_path(cfg, resolve(cfg))
+    other = next(c for c in kept if (c["engine"], c["precision"]) != (best["engine"], best["precision"]))
+    path.write_text(json.dumps({"candidates": [{**other, "passed": True, "rows_per_s": 1e9}]}))
+    caplog.clear()
+    rerun = run(tiny, "again", **overrides)  # the finished output: resumed, not refused as a changed job
+    said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
+    assert said == [f"runtime.precision = auto: {best['precision']} on {best['engine']}, as chosen by the run this "
+                    f"one resumes ({d / 'again'})"]  # fmt: skip
+    assert (rerun.report["engine"], rerun.report["precision"]) == (best["engine"], best["precision"])
+    assert rerun.report["rows_out"] == 0 and rerun.report["output_rows"] == 120
+    fresh = run(tiny, "fresh", **overrides)  # a new output takes the new measurement
+    assert (fresh.report["engine"], fresh.report["precision"]) == (other["engine"], other["precision"])
+
 
 def resolve(cfg) -> str:
     from bulkinfer.adapters import resolve_model

@@ -180,3 +180,11 @@ def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_f
         tmp_path, monkeypatch, AVX2, [("onnxruntime", "int8", 400.0, False), ("onnxruntime", "fp32", 270.0, True)]
     )
     assert auto_precision(cfg, model)[:2] == ("onnxruntime", "fp32")  # int8 failed its gate here
+
+
+def test_tune_tries_big_batches_and_torch_on_a_gpu_small_batches_and_every_engine_on_a_cpu():
+    from bulkinfer.tune import PRECISIONS, candidates_for
+
+    assert candidates_for("cpu") == (PRECISIONS, (8, 16, 32, 64))
+    pairs, sizes = candidates_for("cuda:0")
+    assert pairs == (("torch", "fp32"), ("torch", "bf16"), ("torch", "fp16")) and sizes == (64, 128, 256, 512, 1024)
