@@ -14,7 +14,10 @@ Steps, each timed and bounded, each going on when an earlier one failed:
    figures printed), and after ``bulkinfer tune`` on the device; rows/s and the ratio to each
    anchor, same run; target >= 2x the batch-32 script;
 5. ``bench/bench_serve.py`` on the device: batching on and off at 1, 8 and 32 clients; target
-   on/off >= 2x at 32 clients.
+   on/off >= 2x at 32 clients;
+6. generation on the device (a tiny random-weight Llama built by tests/tiny_lm.py): greedy
+   completions on the device against the CPU's (the share identical; random weights have
+   near-ties), bf16, and JSON-schema-constrained sampling (every completion valid JSON).
 Figures go to OUT/gpu_check.json after every step (a timeout still returns what ran).
 """
 
@@ -173,6 +176,62 @@ class Check:
         if rates and base:
             self.figures["best_vs_script"] = {"ratio": round(max(rates) / base, 2), "target": 2.0}
 
+    def generate(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny_lm import WORDS, tiny_lm
+
+        model = tiny_lm(self.work / "tiny_llama", "llama", context=256)
+        n = 256
+        texts = [" ".join(WORDS[(i * 3) % 10 : (i * 3) % 10 + 1 + i % 9]) for i in range(n)]
+        pq.write_table(pa.table({"id": list(range(n)), "text": texts}), self.work / "prompts.parquet")
+        schema = {"type": "object", "required": ["label", "stars"], "additionalProperties": False,
+                  "properties": {"label": {"enum": ["good", "bad"]},
+                                 "stars": {"type": "integer", "minimum": 1, "maximum": 5}}}  # fmt: skip
+        (self.work / "schema.json").write_text(json.dumps(schema))
+
+        def completions(name: str, device: str, *extra: str) -> tuple[list[str], dict[str, Any]]:
+            out = self.work / name
+            shutil.rmtree(out, ignore_errors=True)
+            self.sh(*self.bulkinfer, "run", "-i", str(self.work / "prompts.parquet"), "-m", str(model), "--id-column",
+                    "id", "-o", str(out), "--progress", "none", "--prompt-template", "Review: {text}",
+                    "--set", f"runtime.device={device}", "--set", "runtime.batch_size=64", *extra)  # fmt: skip
+            t = pq.ParquetDataset(sorted(out.glob("part-*.parquet"))).read().sort_by("id")
+            rep = json.loads((out / "_bulkinfer" / "report.json").read_text())
+            return t["completion"].to_pylist(), rep
+
+        greedy = ["--max-new-tokens", "16"]
+        on_device, rep = completions("gen_device", self.device, *greedy)
+        on_cpu, _ = completions("gen_cpu", "cpu", *greedy)
+        same = sum(a == b for a, b in zip(on_device, on_cpu, strict=True)) / n
+        fig: dict[str, Any] = {"rows": n, "greedy_identical_to_cpu": same, "rows_per_s": rep["rows_per_s"]}
+        if not self._emulated("bf16"):
+            # random weights: bf16 flips near-ties, so the gate (agreement with fp32) is reported, not enforced
+            in_bf16, rep16 = completions("gen_bf16", self.device, *greedy, "--set", "runtime.precision=bf16",
+                                         "--set", "runtime.quality_floor=-1")  # fmt: skip
+            fig["bf16_gate"] = rep16.get("quality")
+            fig["bf16_identical_to_fp32"] = sum(a == b for a, b in zip(in_bf16, on_device, strict=True)) / n
+            fig["bf16_rows_per_s"] = rep16["rows_per_s"]
+        constrained, _ = completions("gen_json", self.device, "--max-new-tokens", "120", "--json-schema",
+                                     str(self.work / "schema.json"), "--set", "model.temperature=1.0")  # fmt: skip
+        valid = 0
+        for c in constrained:
+            try:
+                obj = json.loads(c)
+                valid += obj["label"] in ("good", "bad") and obj["stars"] in range(1, 6) and len(obj) == 2
+            except (ValueError, KeyError, TypeError):
+                pass
+        fig["json_valid"] = valid / n
+        self.figures["generate"] = fig
+        print(f"generation on {self.device}: {json.dumps(fig)}")
+
+    def _emulated(self, precision: str) -> bool:
+        from bulkinfer.hardware import emulated
+
+        return emulated(self.device, precision)
+
     def serve(self) -> None:
         bench = str(ROOT / "bench" / "bench_serve.py")
         text = self.sh(sys.executable, bench, "--device", self.device, "--no-litserve", "--repeat", "1",
@@ -195,9 +254,11 @@ def main() -> None:
     check.step("anchors on the device", check.anchors)
     check.step("bulkinfer on the device", check.variants)
     check.step("serve: batching on/off", check.serve)
+    check.step("generation on the device", check.generate)
     print("\n== summary")
     f = check.figures
-    print(json.dumps({k: f.get(k) for k in ("machine", "equal_to_cpu_fp32", "anchors", "best_vs_script", "failed")},
+    keys = ("machine", "equal_to_cpu_fp32", "anchors", "best_vs_script", "generate", "failed")
+    print(json.dumps({k: f.get(k) for k in keys},
                      indent=1))  # fmt: skip
     print(json.dumps({k: v.get("rows_per_s") for k, v in f.get("bulkinfer", {}).items()}, indent=1))
     print(json.dumps({"serve_on_off_at_32": (f.get("serve") or {}).get("on_off_at_32")}))

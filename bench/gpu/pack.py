@@ -7,7 +7,7 @@ pyarrow and most of bulkinfer's needs, reaches no package registry, and takes a 
 tree of at most 64 MiB. So the kit holds:
 
 - ``whl/``: the cp312 wheels of what it lacks (pydantic and its core, datasketches, the serve
-  stack), the versions this venv has;
+  stack, llguidance for constrained generation), the versions this venv has;
 - ``minilm/``: the bundled model with its weights stored in fp16 (87 MB in fp32 is over the
   limit); ``check.sh`` restores them to fp32 there. Every comparison the check makes (CUDA
   against CPU, bulkinfer against the sentence-transformers script) runs these same restored
@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / ".gpukit"
 SHARED = ROOT.parent / "shared" / "bench"
 WHEELS = ["pydantic", "pydantic_core", "annotated-types", "typing-inspection", "typing_extensions", "datasketches",
-          "starlette", "uvicorn", "httptools", "orjson"]  # fmt: skip
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64"]  # fmt: skip
+          "starlette", "uvicorn", "httptools", "orjson", "llguidance"]  # fmt: skip
+PLATFORMS = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
 LIMIT = 64 * 2**20
 
 

@@ -205,3 +205,24 @@ def test_engine_choices_for_generation_models_are_one_line_errors(tmp_path):
         with pytest.raises(ModelError, match=r"vLLM is not installed .*pip install 'bulkinfer\[vllm\]'"):
             run_job(load_config(overrides={**base, "runtime.engine": "vllm"}))
         assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_the_grammar_mask_follows_the_logits_device_and_a_padded_vocabulary(tmp_path):
+    """On a GPU the logits live on the device: the mask (and the padding past the tokenizer's
+    vocabulary) must be made there too. The meta device stands in for CUDA here: mixing devices
+    raises the same error."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from bulkinfer.llm.constrain import Grammars, schema_grammar
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm(tmp_path / "llama", "llama"))
+    padded = tok.vocab_size + 13  # logits wider than the vocabulary the grammar knows
+    matcher = Grammars(tok, tok.vocab_size).matcher(
+        schema_grammar({"type": "object", "properties": {"a": {"enum": ["x"]}}})
+    )
+    assert matcher.mask(torch.zeros(padded, device="meta")).device.type == "meta"
+    masked = matcher.mask(torch.zeros(padded))
+    allowed = torch.isfinite(masked)
+    assert 0 < int(allowed.sum()) < tok.vocab_size and not allowed[tok.vocab_size :].any()
+    assert tok.decode([int(i) for i in allowed.nonzero().flatten()]).strip().startswith("{")

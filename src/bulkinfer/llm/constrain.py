@@ -53,7 +53,8 @@ class Matcher:
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
         allowed = torch.from_numpy(bits[: self.vocab].astype(bool)).to(logits.device)
         if allowed.shape[0] < logits.shape[0]:  # the model's vocabulary is padded past the tokenizer's
-            allowed = torch.cat([allowed, torch.zeros(logits.shape[0] - allowed.shape[0], dtype=torch.bool)])
+            pad = torch.zeros(logits.shape[0] - allowed.shape[0], dtype=torch.bool, device=logits.device)
+            allowed = torch.cat([allowed, pad])
         return logits.masked_fill(~allowed, float("-inf"))
 
     def advance(self, token: int) -> bool:
