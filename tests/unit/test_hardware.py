@@ -188,3 +188,17 @@ def test_tune_tries_big_batches_and_torch_on_a_gpu_small_batches_and_every_engin
     assert candidates_for("cpu") == (PRECISIONS, (8, 16, 32, 64))
     pairs, sizes = candidates_for("cuda:0")
     assert pairs == (("torch", "fp32"), ("torch", "bf16"), ("torch", "fp16")) and sizes == (64, 128, 256, 512, 1024)
+
+
+def test_a_text_model_on_a_gpu_runs_big_batches_unless_the_job_says_otherwise(minilm_path):
+    from bulkinfer import load_config
+    from bulkinfer.adapters import GPU_TEXT_BATCH, build_adapter, resolve_batch_size, resolve_model
+
+    def size(**overrides):
+        cfg = load_config(overrides={"model.name": "minilm", "model.text_column": "t", **overrides})
+        model = resolve_model(cfg)
+        return resolve_batch_size(cfg, model.digest, build_adapter(cfg, model)).runtime.batch_size
+
+    assert size() == 16
+    assert size(**{"runtime.device": "cuda"}) == GPU_TEXT_BATCH == 256
+    assert size(**{"runtime.device": "cuda", "runtime.batch_size": 16}) == 16  # said by the job: kept
