@@ -303,8 +303,8 @@ def tune(
             str(c.rows_per_s or "-"),
             str(q.get("mean_cosine", "1 (fp32)" if c.precision == "fp32" else "-")),
             str(q.get("top10_overlap", "-")),
-            "pass" if c.passed else "FAIL",
-            "<- chosen" if c is result.best else "",
+            "pass" if c.passed else ("FAIL" if c.quality else "-"),
+            "<- chosen" if c is result.best else ("" if c.passed else c.note),
         )
     console.print(table)
     assert result.best is not None and result.config is not None
