@@ -83,7 +83,10 @@ def prepare(cfg: JobConfig) -> Prepared:
     instance_price(cfg)  # an unknown cost.instance is one line before any work
     slow = emulation_warning(cfg.runtime.device, cfg.runtime.precision) if model.kind == "text-embedding" else None
     if slow:
-        log.warning("%s", slow)
+        from .tune import measured_here
+
+        figures = measured_here(cfg, model.digest)
+        log.warning("%s%s", slow, f" ({figures})" if figures else "")
     if cfg.source.previous:
         cfg = _incremental(cfg, model)
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not cfg.passthrough_columns:

@@ -300,6 +300,32 @@ def _machine() -> str:
     return f"{cpu()['model']} x{available_cpus()} {isa_key()}"
 
 
+def measured_here(cfg: JobConfig, model_digest: str) -> str | None:
+    """What ``tune`` measured for the job's engine and precision against fp32 on this machine
+    (best rows/s of each, the gate's mean cosine), for the warning before a run; None when
+    it measured neither."""
+    rt = cfg.runtime
+    try:
+        measured = json.loads(results_path(cfg, model_digest).read_text())["candidates"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+    def best(precision: str, engine: str | None = None) -> dict[str, Any] | None:
+        rows = [c for c in measured if c["precision"] == precision and c.get("rows_per_s")
+                and (engine is None or c["engine"] == engine)]  # fmt: skip
+        return max(rows, key=lambda c: c["rows_per_s"], default=None)
+
+    mine, fp32 = best(rt.precision, choose_engine(rt.engine, rt.precision, rt.device)), best("fp32")
+    if mine is None or fp32 is None:
+        return None
+    cosine = (mine.get("quality") or {}).get("mean_cosine")
+    gate = f", gate mean cosine {cosine}" + ("" if mine["passed"] else " (failed)") if cosine is not None else ""
+    return (
+        f"bulkinfer tune measured {rt.precision} here at {mine['rows_per_s']} rows/s against fp32's "
+        f"{fp32['rows_per_s']} ({mine['rows_per_s'] / fp32['rows_per_s']:.2f}x){gate}"
+    )
+
+
 def results_path(cfg: JobConfig, model_digest: str) -> Path:
     """Where ``tune`` keeps its measurements for this model, device and machine."""
     root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
