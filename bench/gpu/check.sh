@@ -11,7 +11,7 @@ OUT=${OUT:-$PWD/bench/_work/gpu_out}
 mkdir -p "$OUT"
 if [[ "${1:-}" == "--dry-run" ]]; then
     PY=${PY:-.venv/bin/python}
-    "$PY" bench/gpu/check.py --device cpu --rows 600 --serve-requests 64 --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+    "$PY" bench/gpu/check.py --device cpu --rows 600 --serve-requests 64 --budget-s 900 --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
     exit
 fi
 [[ -d .gpukit/whl ]] || { echo "no .gpukit: run .venv/bin/python bench/gpu/pack.py here first"; exit 2; }
