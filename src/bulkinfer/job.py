@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model, resolve_precision
 from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
@@ -45,6 +45,9 @@ from .sinks.exports import ExportTarget, make_exports, make_route_targets
 from .sources import Shard
 from .sources.files import use_storage_options
 from .spend import CostGuard
+
+if TYPE_CHECKING:
+    from .quality import GateFigures
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
@@ -359,8 +362,8 @@ def execute(
         raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
 
-        def gate() -> None:
-            stats.quality = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger)
+        def gate(figures_of: GateFigures | None = None) -> None:
+            stats.quality = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of)
 
         runner = make_runner(cfg, job.adapter, stats, stop, backend)
         runner.start(gate)

@@ -10,7 +10,7 @@ with the figures, before writing anything. The figures go into ``report.json``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from .adapters import ResolvedModel
     from .config import JobConfig
     from .ledger import OutputLedger
+
+    # computes the gate's figures (raising QualityGateError below the floor): gate_figures here,
+    # or the same on a cluster node that has the job's device (the Ray runner)
+    GateFigures = Callable[[JobConfig, Adapter, ResolvedModel, list[Shard]], dict[str, Any]]
 
 __all__ = ["compare_embeddings", "job_quality_gate", "partial_int8", "quality_gate", "run_adapter", "searchable"]
 
@@ -139,16 +143,31 @@ def quality_gate(
 
 
 def job_quality_gate(
-    cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard], ledger: OutputLedger
+    cfg: JobConfig,
+    adapter: Adapter,
+    model: ResolvedModel,
+    shards: list[Shard],
+    ledger: OutputLedger,
+    figures_of: GateFigures | None = None,
 ) -> dict[str, Any] | None:
     """The gate for a job with a lowered precision, on its own rows; once per output and floor
-    (the figures are kept in ``_bulkinfer/quality.json``). None for fp32."""
+    (the figures are kept in ``_bulkinfer/quality.json``). None for fp32. ``figures_of``:
+    where the figures are computed (default :func:`gate_figures`, in this process)."""
     rt = cfg.runtime
     if rt.precision == "fp32":
         return None
     cached = ledger.read_private("quality.json")
     if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
         return cached
+    figures = (figures_of or gate_figures)(cfg, adapter, model, shards)
+    ledger.write_private("quality.json", figures)
+    return figures
+
+
+def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> dict[str, Any]:
+    """The gate's figures for ``adapter`` (set up, in the job's precision) against fp32 on the
+    job's rows; the int8 search when full int8 fails and may be searched."""
+    rt = cfg.runtime
     fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})})
     reference = build_adapter(fp32_cfg, model)
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
@@ -170,7 +189,6 @@ def job_quality_gate(
         if not searchable(cfg, adapter):
             raise
         figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed)
-    ledger.write_private("quality.json", figures)
     return figures
 
 

@@ -163,3 +163,42 @@ def resolve(cfg) -> str:
     from bulkinfer.adapters import resolve_model
 
     return resolve_model(cfg).digest
+
+
+def test_on_ray_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tiny, monkeypatch):
+    """A GPU job's driver often runs on a CPU head node: the gate (which needs the model on the
+    job's device) then runs on a worker started for it, and its figures, or its refusal, come
+    back to the driver. Forced here on CPUs: the driver is told it lacks the device and cannot
+    set the model up at all."""
+    import ray
+
+    from bulkinfer.adapters.text import TextEmbeddingAdapter
+    from bulkinfer.runners.ray import RayRunner
+
+    floor = {"runtime.quality_floor": -1.0, "runtime.quality_sample_rows": 48}
+    here = run(tiny, "gate-here", **floor).report["quality"]
+
+    def no_model_here(self, ctx):
+        raise AssertionError("the driver set the model up")
+
+    monkeypatch.setattr(RayRunner, "_device_here", lambda self: False)
+    monkeypatch.setattr(TextEmbeddingAdapter, "setup", no_model_here)
+    on_ray = {"execution.backend": "ray", "execution.workers": 1, "execution.num_cpus": 1}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run(tiny, "gate-worker", **floor, **on_ray)
+        got = result.report["quality"]
+        assert got["passed"] and got["rows"] == here["rows"] == 48
+        for key in ("mean_cosine", "min_cosine", "top10_overlap"):
+            assert got[key] == pytest.approx(here[key], abs=1e-5)
+        assert json.loads((tiny[0] / "gate-worker" / "_bulkinfer" / "quality.json").read_text()) == got
+        assert result.report["rows_out"] == 120 and result.report["backend"]["workers_started"] == 1
+        # a refusal on the worker is the driver's one-line error, with the figures, and nothing is written
+        with pytest.raises(QualityGateError) as refused:
+            run(tiny, "refused-worker", **on_ray, **{"runtime.quality_floor": 0.99999, "runtime.int8_fp32_groups": [],
+                                                     "runtime.quality_sample_rows": 48})  # fmt: skip
+        assert str(refused.value).startswith("quality gate: int8 is too far from fp32 on 48 rows of this job")
+        assert refused.value.figures["mean_cosine"] == pytest.approx(here["mean_cosine"], abs=1e-5)
+        assert not list((tiny[0] / "refused-worker").glob("part-*"))
+    finally:
+        ray.shutdown()

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..committer import PartStamp
+    from ..quality import GateFigures
     from ..sinks import StagedOutput
     from ..sources import Shard
 
-__all__ = ["BatchTimeout", "Committing", "Emit", "Runner", "ShardOutput"]
+__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput"]
 
 Emit = Callable[[ShardOutput], None]
 """Takes a finished shard (the local runner calls it from its writer thread)."""
@@ -32,6 +33,13 @@ Emit = Callable[[ShardOutput], None]
 
 class BatchTimeout(Exception):
     """A model call did not return within ``runtime.batch_timeout_s``."""
+
+
+class Gate(Protocol):
+    """Runs the job's quality gate and keeps its figures; ``figures_of`` computes them
+    elsewhere (a cluster node with the job's device) instead of with this process's model."""
+
+    def __call__(self, figures_of: GateFigures | None = None) -> None: ...
 
 
 class Committing(Protocol):
@@ -65,7 +73,7 @@ class Committing(Protocol):
 class Runner(Protocol):
     on_progress: Callable[[], None]
 
-    def start(self, gate: Callable[[], None]) -> None:
+    def start(self, gate: Gate) -> None:
         """Get ready to run (model set up, cluster joined); ``gate`` runs the quality gate
         where the model is set up, before any row is written."""
         ...

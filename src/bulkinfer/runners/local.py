@@ -42,7 +42,7 @@ from ..report import RunStats
 from ..reuse import HASH_COLUMN, DedupeCache, PreviousOutput, Slot, row_hashes
 from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
-from .base import BatchTimeout, Emit
+from .base import BatchTimeout, Emit, Gate
 
 __all__ = ["LocalRunner"]
 
@@ -137,7 +137,7 @@ class LocalRunner:
         self._out_types: dict[str, pa.DataType] = {}
 
     # -- the runner contract -------------------------------------------------------
-    def start(self, gate: Callable[[], None]) -> None:
+    def start(self, gate: Gate) -> None:
         """Set the model up in this process, then run the quality gate."""
         self.adapter.setup(job_setup_context(self.cfg))
         self.load_previous()

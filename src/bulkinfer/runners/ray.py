@@ -45,7 +45,7 @@ from ..routing import compile_routes
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
 from ..sources.files import use_storage_options
-from .base import Committing
+from .base import Committing, Gate
 
 __all__ = ["RayRunner"]
 
@@ -91,13 +91,26 @@ class Worker:
         self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
-            self.adapter = build_adapter(self.cfg, resolve_model(self.cfg))
+            self.model = resolve_model(self.cfg)
+            self.adapter = build_adapter(self.cfg, self.model)
             self.adapter.setup(job_setup_context(self.cfg, threads=threads))
         except BaseException as exc:  # reported by ready(), raised by the driver
             self.error = exc
 
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
+
+    def gate(self, shards: list[Shard]) -> Any:
+        """The quality gate with this worker's model (its node has the job's device, which the
+        driver may lack): the figures, or the error the driver raises."""
+        from ..quality import gate_figures
+
+        if self.error is not None:
+            return self.error
+        try:
+            return gate_figures(self.cfg, self.adapter, self.model, shards)
+        except BulkinferError as exc:
+            return exc
 
     def process(self, shard: Shard, name_start: int | None, tag: str, stamp: PartStamp) -> dict[str, Any]:
         from .local import LocalRunner
@@ -181,21 +194,49 @@ class RayRunner:
         self._stranded_since: float | None = None
 
     # -- the runner contract -----------------------------------------------------------
-    def start(self, gate: Callable[[], None]) -> None:
-        """Run the quality gate here, before any worker starts (only a lowered precision has
-        one), then join the cluster (ray.init installs its own SIGTERM handler: connect
-        before the job installs its own)."""
+    def start(self, gate: Gate) -> None:
+        """Run the quality gate (only a lowered precision has one) before any worker starts:
+        here, or on a worker started for it when this driver lacks the job's device (a GPU
+        job's driver on a CPU head node); then join the cluster."""
         if self.cfg.runtime.precision != "fp32":
-            self.adapter.setup(job_setup_context(self.cfg))
-            try:
-                gate()
-            finally:
-                self.adapter.close()
+            if self._device_here():
+                self.adapter.setup(job_setup_context(self.cfg))
+                try:
+                    gate()
+                finally:
+                    self.adapter.close()
+            else:
+                self.connect()
+                log.info(
+                    "quality gate: runtime.device = %s and this driver has no GPU; the gate runs on a worker",
+                    self.cfg.runtime.device,
+                )
+                gate(self._gate_on_cluster)
             groups = (self.stats.quality or {}).get("int8_fp32_groups")
             if groups:  # the gate's search kept these in fp32: every worker builds that model
                 runtime = self.cfg.runtime.model_copy(update={"int8_fp32_groups": groups})
                 self.cfg = self.cfg.model_copy(update={"runtime": runtime})
         self.connect()
+
+    def _device_here(self) -> bool:
+        """Whether this process can run the job's device (a GPU job's driver often has none)."""
+        from ..hardware import gpu
+
+        device = self.cfg.runtime.device
+        return not device.startswith("cuda") or gpu(device) is not None
+
+    def _gate_on_cluster(self, cfg: JobConfig, adapter: Adapter, model: Any, shards: list[Shard]) -> dict[str, Any]:
+        """The gate's figures from a worker started for it (with the workers' CPUs and GPUs)."""
+        actor = self._actor()
+        try:
+            result = self.ray.get(actor.gate.remote(list(shards)))
+        except self.ray.exceptions.RayError as exc:
+            raise ClusterError(f"the quality gate on a worker failed ({type(exc).__name__}: {exc})") from exc
+        finally:
+            self.ray.kill(actor, no_restart=True)
+        if isinstance(result, BaseException):
+            raise result
+        return dict(result)
 
     # -- cluster ---------------------------------------------------------------------
     def connect(self) -> None:
@@ -250,8 +291,8 @@ class RayRunner:
             log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
         return min(self.ex.workers or fit, fit)
 
-    def _start_worker(self) -> _Slot:
-        self._n += 1
+    def _actor(self) -> Any:
+        """A worker actor with the job's config, the workers' resources, this working directory."""
         if self._actor_class is None:
             self._actor_class = self.ray.remote(Worker)
         remote = self._actor_class.options(
@@ -261,7 +302,11 @@ class RayRunner:
             max_restarts=0,
             scheduling_strategy="SPREAD",
         )
-        actor = remote.remote(self.cfg.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path])
+        return remote.remote(self.cfg.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path])
+
+    def _start_worker(self) -> _Slot:
+        self._n += 1
+        actor = self._actor()
         self.counts["workers_started"] += 1
         return _Slot(actor, f"worker-{self._n}", actor.ready.remote())
 
