@@ -165,16 +165,19 @@ def resolve(cfg) -> str:
     return resolve_model(cfg).digest
 
 
-def test_on_ray_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tiny, monkeypatch):
+def test_on_ray_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tiny, monkeypatch, caplog):
     """A GPU job's driver often runs on a CPU head node: the gate (which needs the model on the
     job's device) then runs on a worker started for it, and its figures, or its refusal, come
     back to the driver. Forced here on CPUs: the driver is told it lacks the device and cannot
     set the model up at all."""
+    import logging
+
     import ray
 
     from bulkinfer.adapters.text import TextEmbeddingAdapter
     from bulkinfer.runners.ray import RayRunner
 
+    caplog.set_level(logging.INFO, logger="bulkinfer")
     floor = {"runtime.quality_floor": -1.0, "runtime.quality_sample_rows": 48}
     here = run(tiny, "gate-here", **floor).report["quality"]
 
@@ -193,6 +196,9 @@ def test_on_ray_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tiny,
             assert got[key] == pytest.approx(here[key], abs=1e-5)
         assert json.loads((tiny[0] / "gate-worker" / "_bulkinfer" / "quality.json").read_text()) == got
         assert result.report["rows_out"] == 120 and result.report["backend"]["workers_started"] == 1
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("quality gate (on a worker")]
+        assert said == [f"quality gate (on a worker, int8 vs fp32): rows=48, floor=-1.0, mean_cosine={got['mean_cosine']}, "
+                        f"min_cosine={got['min_cosine']}, top10_overlap={got['top10_overlap']}, passed=True"]  # fmt: skip
         # a refusal on the worker is the driver's one-line error, with the figures, and nothing is written
         with pytest.raises(QualityGateError) as refused:
             run(tiny, "refused-worker", **on_ray, **{"runtime.quality_floor": 0.99999, "runtime.int8_fp32_groups": [],

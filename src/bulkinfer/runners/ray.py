@@ -236,6 +236,9 @@ class RayRunner:
             self.ray.kill(actor, no_restart=True)
         if isinstance(result, BaseException):
             raise result
+        # the worker's own log line stays on its node (log_to_driver is off)
+        shown = ", ".join(f"{k}={v}" for k, v in result.items() if isinstance(v, (int, float, bool)))
+        log.info("quality gate (on a worker, %s vs fp32): %s", result.get("precision"), shown)
         return dict(result)
 
     # -- cluster ---------------------------------------------------------------------
