@@ -261,6 +261,10 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
         measured = json.loads(path.read_text())["candidates"]
         source = f"measured by bulkinfer tune, {path}"
     except (OSError, ValueError, KeyError):
+        from .hardware import gpu
+
+        if rt.device.startswith("cuda") and gpu(rt.device) is None:  # a Ray driver on a CPU node, say
+            return fp32_engine, "fp32", f"no tune result for this model on {rt.device} and no GPU here to calibrate on"
         if not cfg.source.paths:  # serve: no rows of a job to calibrate on
             return (
                 fp32_engine,

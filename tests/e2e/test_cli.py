@@ -112,13 +112,17 @@ def test_inspect_of_a_non_output_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("engine", "needle"),
+    ("settings", "needle"),
     [
-        ("torch", "sees 0 GPU(s) here; set runtime.device = cpu, or run where the GPU and a CUDA build of torch are"),
-        ("onnxruntime", "has no CUDA provider ("),
+        (
+            ["runtime.engine=torch"],
+            "sees 0 GPU(s) here; set runtime.device = cpu, or run where the GPU and a CUDA build",
+        ),
+        (["runtime.engine=onnxruntime"], "has no CUDA provider ("),
+        (["runtime.precision=auto"], "sees 0 GPU(s) here"),  # not a calibration where every candidate fails
     ],
 )
-def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_path, engine, needle):
+def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_path, settings, needle):
     from bulkinfer.hardware import gpu
 
     from helpers import make_catalog
@@ -127,7 +131,7 @@ def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_p
         pytest.skip("this machine has a GPU")
     write(make_catalog(20), tmp_path / "in.parquet")
     proc = cli("run", "-i", "in.parquet", "-m", "minilm", "--text-column", "description", "-o", "out",
-               "--set", "runtime.device=cuda", "--set", f"runtime.engine={engine}", cwd=tmp_path)  # fmt: skip
+               "--set", "runtime.device=cuda", *[a for x in settings for a in ("--set", x)], cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("bulkinfer: error: runtime.device = cuda: ") and needle in last, proc.stderr
