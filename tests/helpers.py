@@ -133,3 +133,23 @@ atexit.register(peak)
 sys.argv = ["bulkinfer", *sys.argv[2:]]
 runpy.run_module("bulkinfer", run_name="__main__", alter_sys=True)
 """
+
+
+def tiny_st_model(model: Path, minilm_path: Path) -> Path:
+    """A tiny random-weight BERT in sentence-transformers layout at ``model`` (MiniLM's tokenizer
+    and pooling, 2 layers of width 32): fast to export, quantize and search."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    top = str(minilm_path)  # the weights and config at the top are replaced; 1_Pooling's config is kept
+    shutil.copytree(minilm_path, model, ignore=lambda where, names: {"model.safetensors", "config.json"} & set(names)
+                    if where == top else set())  # fmt: skip
+    torch.manual_seed(3)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=512,
+                         initializer_range=0.5)).eval().save_pretrained(model)  # fmt: skip
+    pooling = json.loads((model / "1_Pooling" / "config.json").read_text())
+    (model / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
+    return model

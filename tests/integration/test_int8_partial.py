@@ -7,31 +7,18 @@ when only fp32 would pass, the job is refused with every build tried."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from bulkinfer import QualityGateError, load_config, run_job
 
-from helpers import make_catalog, read_output, write
+from helpers import make_catalog, read_output, tiny_st_model, write
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, minilm_path):
-    import torch
-    from transformers import BertConfig, BertModel
-
     d = tmp_path_factory.mktemp("tiny-st")
-    model = d / "tiny"
-    top = str(minilm_path)  # the weights and config at the top are replaced; 1_Pooling's config is kept
-    shutil.copytree(minilm_path, model, ignore=lambda where, names: {"model.safetensors", "config.json"} & set(names)
-                    if where == top else set())  # fmt: skip
-    torch.manual_seed(3)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=512,
-                         initializer_range=0.5)).eval().save_pretrained(model)  # fmt: skip
-    pooling = json.loads((model / "1_Pooling" / "config.json").read_text())
-    (model / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
+    model = tiny_st_model(d / "tiny", minilm_path)
     write(make_catalog(120, seed=4), d / "in.parquet")
     return d, model
 
@@ -163,48 +150,3 @@ def resolve(cfg) -> str:
     from bulkinfer.adapters import resolve_model
 
     return resolve_model(cfg).digest
-
-
-def test_on_ray_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tiny, monkeypatch, caplog):
-    """A GPU job's driver often runs on a CPU head node: the gate (which needs the model on the
-    job's device) then runs on a worker started for it, and its figures, or its refusal, come
-    back to the driver. Forced here on CPUs: the driver is told it lacks the device and cannot
-    set the model up at all."""
-    import logging
-
-    import ray
-
-    from bulkinfer.adapters.text import TextEmbeddingAdapter
-    from bulkinfer.runners.ray import RayRunner
-
-    caplog.set_level(logging.INFO, logger="bulkinfer")
-    floor = {"runtime.quality_floor": -1.0, "runtime.quality_sample_rows": 48}
-    here = run(tiny, "gate-here", **floor).report["quality"]
-
-    def no_model_here(self, ctx):
-        raise AssertionError("the driver set the model up")
-
-    monkeypatch.setattr(RayRunner, "_device_here", lambda self: False)
-    monkeypatch.setattr(TextEmbeddingAdapter, "setup", no_model_here)
-    on_ray = {"execution.backend": "ray", "execution.workers": 1, "execution.num_cpus": 1}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        result = run(tiny, "gate-worker", **floor, **on_ray)
-        got = result.report["quality"]
-        assert got["passed"] and got["rows"] == here["rows"] == 48
-        for key in ("mean_cosine", "min_cosine", "top10_overlap"):
-            assert got[key] == pytest.approx(here[key], abs=1e-5)
-        assert json.loads((tiny[0] / "gate-worker" / "_bulkinfer" / "quality.json").read_text()) == got
-        assert result.report["rows_out"] == 120 and result.report["backend"]["workers_started"] == 1
-        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("quality gate (on a worker")]
-        assert said == [f"quality gate (on a worker, int8 vs fp32): rows=48, floor=-1.0, mean_cosine={got['mean_cosine']}, "
-                        f"min_cosine={got['min_cosine']}, top10_overlap={got['top10_overlap']}, passed=True"]  # fmt: skip
-        # a refusal on the worker is the driver's one-line error, with the figures, and nothing is written
-        with pytest.raises(QualityGateError) as refused:
-            run(tiny, "refused-worker", **on_ray, **{"runtime.quality_floor": 0.99999, "runtime.int8_fp32_groups": [],
-                                                     "runtime.quality_sample_rows": 48})  # fmt: skip
-        assert str(refused.value).startswith("quality gate: int8 is too far from fp32 on 48 rows of this job")
-        assert refused.value.figures["mean_cosine"] == pytest.approx(here["mean_cosine"], abs=1e-5)
-        assert not list((tiny[0] / "refused-worker").glob("part-*"))
-    finally:
-        ray.shutdown()

@@ -366,10 +366,11 @@ def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_
         row_group_size=40,
     )
     out = tmp_path / "out"
+    # worker_timeout_s 5: a live worker on a busy 2-core box (another test loading a model) has missed 2 s
     cfg = _cfg(out, [tmp_path / "in.parquet"], **{
         "model.name": f"{name}:stall_on_flag", "model.feature_columns": ["x", "stall"],
         "source.shard_rows": 40, "execution.backend": "ray", "execution.workers": 2,
-        "execution.worker_timeout_s": 2.0, "execution.split_min_rows": 0,
+        "execution.worker_timeout_s": 5.0, "execution.split_min_rows": 0,
     })  # fmt: skip
     result: dict = {}
     job = threading.Thread(target=lambda: result.setdefault("r", run_job(cfg)))
@@ -398,3 +399,52 @@ def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_
     table = read_output(out).sort_by("id")
     assert table["id"].to_pylist() == list(range(rows))
     assert table["y"].to_pylist() == [2 * i for i in range(rows)]
+
+
+def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, minilm_path, local_ray, monkeypatch,
+                                                                     caplog):  # fmt: skip
+    """A GPU job's driver often runs on a CPU head node: the gate (which needs the model on the
+    job's device) then runs on a worker started for it, and its figures, or its refusal, come
+    back to the driver. Forced here on CPUs (int8, a tiny random BERT): the driver is told it
+    lacks the device and cannot set the model up at all."""
+    import logging
+
+    from bulkinfer import QualityGateError
+    from bulkinfer.adapters.text import TextEmbeddingAdapter
+    from bulkinfer.runners.ray import RayRunner
+
+    from helpers import tiny_st_model
+
+    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    write(make_catalog(120, seed=4), tmp_path / "in.parquet")
+
+    def run(out, **extra):
+        return run_job(_cfg(tmp_path / out, [tmp_path / "in.parquet"], **{
+            "model.name": str(model), "model.text_column": "description", "runtime.precision": "int8",
+            "runtime.cache_dir": str(tmp_path / "cache"), "runtime.quality_sample_rows": 48, **extra}))  # fmt: skip
+
+    caplog.set_level(logging.INFO, logger="bulkinfer")
+    here = run("gate-here", **{"runtime.quality_floor": -1.0}).report["quality"]
+
+    def no_model_here(self, ctx):
+        raise AssertionError("the driver set the model up")
+
+    monkeypatch.setattr(RayRunner, "_device_here", lambda self: False)
+    monkeypatch.setattr(TextEmbeddingAdapter, "setup", no_model_here)
+    on_ray = {"execution.backend": "ray", "execution.workers": 1, "execution.num_cpus": 1}
+    result = run("gate-worker", **{"runtime.quality_floor": -1.0}, **on_ray)
+    got = result.report["quality"]
+    assert got["passed"] and got["rows"] == here["rows"] == 48
+    for key in ("mean_cosine", "min_cosine", "top10_overlap"):
+        assert got[key] == pytest.approx(here[key], abs=1e-5)
+    assert json.loads((tmp_path / "gate-worker" / "_bulkinfer" / "quality.json").read_text()) == got
+    assert result.report["rows_out"] == 120 and result.report["backend"]["workers_started"] == 1
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("quality gate (on a worker")]
+    assert said == [f"quality gate (on a worker, int8 vs fp32): rows=48, floor=-1.0, mean_cosine={got['mean_cosine']}, "
+                    f"min_cosine={got['min_cosine']}, top10_overlap={got['top10_overlap']}, passed=True"]  # fmt: skip
+    # a refusal on the worker is the driver's one-line error, with the figures, and nothing is written
+    with pytest.raises(QualityGateError) as refused:
+        run("refused-worker", **on_ray, **{"runtime.quality_floor": 0.99999, "runtime.int8_fp32_groups": []})
+    assert str(refused.value).startswith("quality gate: int8 is too far from fp32 on 48 rows of this job")
+    assert refused.value.figures["mean_cosine"] == pytest.approx(here["mean_cosine"], abs=1e-5)
+    assert not list((tmp_path / "refused-worker").glob("part-*"))
