@@ -12,9 +12,9 @@ the run.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class Lineage:
             )
         return RunEvent(
             eventType=getattr(RunState, state),
-            eventTime=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+            eventTime=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             run=Run(runId=self.run_id, facets=run_facets),
             job=Job(
                 namespace=cfg.lineage.namespace,

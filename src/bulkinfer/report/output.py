@@ -73,12 +73,18 @@ def write_report(
         labels = {"job": fingerprint[:12], **{_label_name(k): v for k, v in cfg.cost.labels.items()}}
         ledger.write_private_text("metrics.prom", prometheus_text(report, labels))
         ledger.write_private(
-            f"runs/{time.strftime('%Y%m%dT%H%M%S', time.gmtime(started_at))}-{uuid.uuid4().hex[:8]}.json",
+            f"runs/{_stamp(started_at)}-{uuid.uuid4().hex[:8]}.json",
             run_entry(report, fingerprint),
         )
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
+
+
+def _stamp(at: float) -> str:
+    """A run's start to the microsecond, so that ``runs/`` lists in the order the runs began
+    (a stopped run and its resume often start within the same second)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(at))}.{int(at % 1 * 1_000_000):06d}"
 
 
 def _label_name(key: str) -> str:

@@ -9,7 +9,7 @@ import json
 import logging
 import logging.handlers
 import sys
-import time
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ConfigError
@@ -44,7 +44,7 @@ class AuditLog:
             return
         state = request.state
         line = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "key_id": getattr(state, "key_id", None),
             "route": route,
             "method": request.method,
