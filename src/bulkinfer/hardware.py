@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "CPU_FEATURES",
     "cpu",
+    "device_here",
     "emulated",
     "emulation_warning",
     "feed_the_gpu",
@@ -118,9 +119,14 @@ def gpu(device: str) -> dict[str, Any] | None:
     }
 
 
+def device_here(device: str) -> bool:
+    """Whether this process can run on ``device`` (a GPU job's Ray driver often has no GPU)."""
+    return not device.startswith("cuda") or gpu(device) is not None
+
+
 def require_device(device: str) -> None:
     """Raise a one-line :class:`ConfigError` when ``device`` is a GPU torch cannot use here."""
-    if not device.startswith("cuda") or gpu(device) is not None:
+    if device_here(device):
         return
     import torch
 

@@ -251,9 +251,14 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     among the engines ``runtime.engine`` allows and never a precision emulated here. With no
     measurements, a calibration: ``tune`` on ``CALIBRATION_ROWS`` rows of the job at its
     batch size, kept where ``tune`` keeps its results (so it runs once per machine kind)."""
+    from . import hardware
     from .hardware import emulated, isa_key
 
     rt = cfg.runtime
+    if cfg.execution.backend == "ray" and not hardware.device_here(rt.device):  # a Ray driver on a CPU node
+        from .runners.ray import auto_on_cluster
+
+        return auto_on_cluster(cfg)
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
     fp32_engine = choose_engine(rt.engine, "fp32", rt.device)  # when nothing measured can be taken
     path = results_path(cfg, model.digest)
@@ -261,9 +266,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
         measured = json.loads(path.read_text())["candidates"]
         source = f"measured by bulkinfer tune, {path}"
     except (OSError, ValueError, KeyError):
-        from .hardware import gpu
-
-        if rt.device.startswith("cuda") and gpu(rt.device) is None:  # a Ray driver on a CPU node, say
+        if not hardware.device_here(rt.device):
             return fp32_engine, "fp32", f"no tune result for this model on {rt.device} and no GPU here to calibrate on"
         if not cfg.source.paths:  # serve: no rows of a job to calibrate on
             return (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import sys
 import textwrap
 import threading
@@ -448,3 +449,57 @@ def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, mi
     assert str(refused.value).startswith("quality gate: int8 is too far from fp32 on 48 rows of this job")
     assert refused.value.figures["mean_cosine"] == pytest.approx(here["mean_cosine"], abs=1e-5)
     assert not list((tmp_path / "refused-worker").glob("part-*"))
+
+
+def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worker(tmp_path, minilm_path, local_ray,
+                                                                                   monkeypatch, caplog):  # fmt: skip
+    """precision = auto on a GPU job's CPU-only driver: a worker, which has the device, reads the
+    tune results of its machine kind or calibrates once and keeps them in its cache; the driver
+    measures nothing and runs what the worker chose. Forced here on CPUs: the driver is told it
+    lacks the device, and a measurement or a model set up on it fails the test."""
+    import logging
+
+    from bulkinfer import hardware, tune
+    from bulkinfer.adapters.text import TextEmbeddingAdapter
+
+    from helpers import tiny_st_model
+
+    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    write(make_catalog(200, seed=5), tmp_path / "in.parquet")
+
+    def nothing_here(*args, **kwargs):
+        raise AssertionError("the driver measured or set the model up")
+
+    monkeypatch.setattr(hardware, "device_here", lambda device: False)
+    monkeypatch.setattr(tune, "tune", nothing_here)
+    monkeypatch.setattr(TextEmbeddingAdapter, "setup", nothing_here)
+    caplog.set_level(logging.INFO, logger="bulkinfer")
+
+    def run(out, cpus=1):
+        caplog.clear()
+        result = run_job(_cfg(tmp_path / out, [tmp_path / "in.parquet"], **{
+            "model.name": str(model), "model.text_column": "description", "runtime.precision": "auto",
+            "runtime.engine": "onnxruntime", "runtime.cache_dir": str(tmp_path / "cache"), "runtime.quality_sample_rows": 48,
+            "execution.backend": "ray", "execution.workers": 1, "execution.num_cpus": cpus}))  # fmt: skip
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime.precision = auto: ")]
+        return result.report, said
+
+    first, said = run("first")
+    (kept,) = (tmp_path / "cache" / "tune").glob("*.json")
+    measured = json.loads(kept.read_text())["candidates"]
+    usable = [c for c in measured if c["passed"] and c.get("rows_per_s")]
+    best = max(usable, key=lambda c: c["rows_per_s"])
+    assert (first["engine"], first["precision"]) == (best["engine"], best["precision"])
+    assert first["rows_out"] == 200 and first["backend"]["workers_started"] == 1
+    assert said[0].startswith("runtime.precision = auto: runtime.device = cpu and this driver has no GPU")
+    assert said[1].startswith(f"runtime.precision = auto: {best['precision']} on {best['engine']} (")
+    assert "calibrated now on 128 rows" in said[1] and said[1].endswith(f"; on a worker, {socket.gethostname()})")
+    # the next job reads what the worker kept: no calibration again
+    stamp = kept.stat().st_mtime_ns
+    second, said = run("second")
+    assert (second["engine"], second["precision"]) == (first["engine"], first["precision"])
+    assert f"measured by bulkinfer tune, {kept}" in said[1] and kept.stat().st_mtime_ns == stamp
+    # a worker no node fits is one line before anything is asked of the cluster (not a task that waits for ever)
+    with pytest.raises(ConfigError, match=r"execution.num_cpus=64, num_gpus=0: no node of the Ray cluster fits one"):
+        run("too-big", cpus=64)
+    assert not (tmp_path / "too-big").exists()

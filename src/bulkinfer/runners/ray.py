@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from ..adapters import Adapter, job_setup_context
 from ..committer import PartStamp, stage_routed
-from ..config import JobConfig
+from ..config import ExecutionConfig, JobConfig
 from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
 from ..routing import compile_routes
@@ -47,7 +47,7 @@ from ..sources import Shard
 from ..sources.files import use_storage_options
 from .base import Committing, Gate
 
-__all__ = ["RayRunner"]
+__all__ = ["RayRunner", "auto_on_cluster", "connect", "disconnect"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -65,19 +65,125 @@ def _ray() -> Any:
     return ray
 
 
+def _enter(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> JobConfig:
+    """A worker process takes the driver's view: its working directory (relative input paths and
+    custom modules resolve as there), its import paths and storage options; the job's config."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    for p in reversed(paths):
+        if p not in sys.path and os.path.isdir(p):
+            sys.path.insert(0, p)
+    cfg = JobConfig.model_validate(cfg_json)
+    use_storage_options(cfg.source.storage_options, cfg.source.paths)  # this process reads too
+    return cfg
+
+
+_CONNECTED_HERE = False
+"""Whether this process's connection to Ray was made by bulkinfer (and is closed by it): a
+calibration before the job and the job's runner share one connection."""
+
+
+def connect(ex: ExecutionConfig) -> None:
+    """Join ``execution.ray_address`` or start a local instance, unless connected already
+    (ray.init installs its own SIGTERM handler: the job installs its own again afterwards)."""
+    global _CONNECTED_HERE
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    _reachable(ex.ray_address)
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+    try:
+        if ex.ray_address:
+            ray.init(address=ex.ray_address, **kwargs)
+        else:  # our own instance (address="local": even when another Ray runs on this machine);
+            # workers do the job's work, so they need not yield to anything
+            ray.init(address="local", **kwargs, _system_config={"worker_niceness": 0})
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = ex.ray_address or "a local Ray instance"
+        raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc
+    _CONNECTED_HERE = True
+
+
+def disconnect() -> None:
+    """Leave (and for a local instance, stop) Ray if :func:`connect` joined it."""
+    global _CONNECTED_HERE
+    if _CONNECTED_HERE:
+        _ray().shutdown()
+        _CONNECTED_HERE = False
+
+
+def _capacity(ex: ExecutionConfig) -> tuple[int, str]:
+    """How many workers the alive nodes' total CPUs and GPUs fit, and the largest node."""
+    nodes = [n["Resources"] for n in _ray().nodes() if n.get("Alive")]
+    need = {"CPU": ex.num_cpus, "GPU": ex.num_gpus}
+    fit = 0
+    for res in nodes:
+        fit += int(min(res.get(k, 0.0) // v for k, v in need.items() if v > 0))
+    largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
+    gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
+    return fit, f"largest node: {largest:g} CPUs, {gpus:g} GPUs"
+
+
+def _fit(ex: ExecutionConfig) -> int:
+    """:func:`_capacity`'s count; a one-line error when no node fits one worker (a task or an
+    actor asking for more would wait for ever)."""
+    fit, largest = _capacity(ex)
+    if fit == 0:
+        raise ConfigError(
+            f"execution.num_cpus={ex.num_cpus:g}, num_gpus={ex.num_gpus:g}: no node of the Ray cluster "
+            f"fits one worker ({largest}); lower them"
+        )
+    return fit
+
+
+def _auto_on_worker(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> Any:
+    """``runtime.precision = auto`` resolved in a worker process, which has the job's device:
+    ``(engine, precision, why, host)``, or the error the driver raises."""
+    try:
+        cfg = _enter(cfg_json, cwd, paths)
+        from ..adapters import resolve_model
+        from ..tune import auto_precision
+
+        return (*auto_precision(cfg, resolve_model(cfg)), socket.gethostname())
+    except BulkinferError as exc:
+        return exc
+
+
+def auto_on_cluster(cfg: JobConfig) -> tuple[str, str, str]:
+    """``(engine, precision, why)`` for ``runtime.precision = auto`` when this driver lacks the
+    job's device: a task with a worker's resources reads the tune results of its machine kind,
+    or calibrates there once (kept in that node's cache)."""
+    ray = _ray()
+    ex = cfg.execution
+    connect(ex)  # kept for the job's runner; left again if the job stops here
+    try:
+        _fit(ex)
+        log.info(
+            "runtime.precision = auto: runtime.device = %s and this driver has no GPU; it is resolved on a worker",
+            cfg.runtime.device,
+        )
+        there = cfg.model_copy(update={"execution": ex.model_copy(update={"backend": "local"})})
+        task = ray.remote(_auto_on_worker).options(num_cpus=ex.num_cpus, num_gpus=ex.num_gpus, max_retries=0)
+        try:
+            got = ray.get(task.remote(there.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path]))
+        except ray.exceptions.RayError as exc:
+            raise ClusterError(f"runtime.precision = auto on a worker failed ({type(exc).__name__}: {exc})") from exc
+        if isinstance(got, BaseException):
+            raise got
+    except BaseException:
+        disconnect()
+        raise
+    engine, precision, why, host = got
+    return engine, precision, f"{why}; on a worker, {host}"
+
+
 class Worker:
     """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
 
     def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
         from ..adapters import build_adapter, resolve_model
 
-        if os.path.isdir(cwd):  # relative input paths and custom modules resolve as on the driver
-            os.chdir(cwd)
-        for p in reversed(paths):
-            if p not in sys.path and os.path.isdir(p):
-                sys.path.insert(0, p)
-        self.cfg = JobConfig.model_validate(cfg_json)
-        use_storage_options(self.cfg.source.storage_options, self.cfg.source.paths)  # this process reads too
+        self.cfg = _enter(cfg_json, cwd, paths)
         from ..records import redact
 
         redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
@@ -189,7 +295,6 @@ class RayRunner:
         self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0}
         self._n = 0
         self._actor_class: Any = None
-        self.started_ray = False
         self.target = 0
         self._stranded_since: float | None = None
 
@@ -207,6 +312,7 @@ class RayRunner:
                     self.adapter.close()
             else:
                 self.connect()
+                _fit(self.ex)
                 log.info(
                     "quality gate: runtime.device = %s and this driver has no GPU; the gate runs on a worker",
                     self.cfg.runtime.device,
@@ -220,10 +326,9 @@ class RayRunner:
 
     def _device_here(self) -> bool:
         """Whether this process can run the job's device (a GPU job's driver often has none)."""
-        from ..hardware import gpu
+        from .. import hardware
 
-        device = self.cfg.runtime.device
-        return not device.startswith("cuda") or gpu(device) is not None
+        return hardware.device_here(self.cfg.runtime.device)
 
     def _gate_on_cluster(self, cfg: JobConfig, adapter: Adapter, model: Any, shards: list[Shard]) -> dict[str, Any]:
         """The gate's figures from a worker started for it (with the workers' CPUs and GPUs)."""
@@ -243,53 +348,20 @@ class RayRunner:
 
     # -- cluster ---------------------------------------------------------------------
     def connect(self) -> None:
-        """Join the configured cluster or start a local instance (ray.init installs its own
-        SIGTERM handler: connect before installing the job's)."""
-        ray = self.ray
-        if ray.is_initialized():
-            return
-        _reachable(self.ex.ray_address)
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
-        try:
-            if self.ex.ray_address:
-                ray.init(address=self.ex.ray_address, **kwargs)
-            else:  # our own instance (address="local": even when another Ray runs on this machine);
-                # workers do the job's work, so they need not yield to anything
-                ray.init(address="local", **kwargs, _system_config={"worker_niceness": 0})
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = self.ex.ray_address or "a local Ray instance"
-            raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc
-        self.started_ray = True
+        """Join the configured cluster or start a local instance (:func:`connect`)."""
+        connect(self.ex)
 
     def close(self) -> None:
-        """Stop the workers, and the Ray instance if this runner started it."""
+        """Stop the workers, and the Ray instance if this process started it."""
         self.stats.backend = {"name": "ray", "workers": self.target, **self.counts}
         for slot in self.slots:
             self.ray.kill(slot.actor, no_restart=True)
         self.slots = []
-        if self.started_ray:
-            self.ray.shutdown()
-            self.started_ray = False
-
-    def _capacity(self) -> tuple[int, str]:
-        """How many workers the alive nodes' total CPUs and GPUs fit, and the largest node."""
-        nodes = [n["Resources"] for n in self.ray.nodes() if n.get("Alive")]
-        need = {"CPU": self.ex.num_cpus, "GPU": self.ex.num_gpus}
-        fit = 0
-        for res in nodes:
-            fit += int(min(res.get(k, 0.0) // v for k, v in need.items() if v > 0))
-        largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
-        gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
-        return fit, f"largest node: {largest:g} CPUs, {gpus:g} GPUs"
+        disconnect()
 
     def _size(self) -> int:
         """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
-        fit, largest = self._capacity()
-        if fit == 0:
-            raise ConfigError(
-                f"execution.num_cpus={self.ex.num_cpus:g}, num_gpus={self.ex.num_gpus:g}: no node of the Ray cluster "
-                f"fits one worker ({largest}); lower them"
-            )
+        fit = _fit(self.ex)
         if self.ex.workers and self.ex.workers > fit:
             log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
         return min(self.ex.workers or fit, fit)
@@ -481,14 +553,14 @@ class RayRunner:
         # replacement asked for may wait forever): give an autoscaler worker_timeout_s to
         # add a node, then stop rather than hang. Committed shards are kept.
         working = [s for s in self.slots if s.ready is None and not s.suspect]
-        if working or self._capacity()[0] > 0:
+        if working or _capacity(self.ex)[0] > 0:
             self._stranded_since = None
             return
         now = time.monotonic()
         self._stranded_since = self._stranded_since or now
         if now - self._stranded_since > self.ex.worker_timeout_s:
             raise ClusterError(
-                f"every Ray worker is gone and no node of the cluster fits a new one ({self._capacity()[1]}; waited "
+                f"every Ray worker is gone and no node of the cluster fits a new one ({_capacity(self.ex)[1]}; waited "
                 f"execution.worker_timeout_s={self.ex.worker_timeout_s:g} s for one to join); rerun when the cluster "
                 "has room (committed shards are kept)"
             )
