@@ -18,7 +18,16 @@ from .errors import SourceError
 from .ledger import PRIVATE, SUCCESS
 from .sources.files import path_or_file, read_whole
 
-__all__ = ["BATCH_ROWS", "Part", "finished_output", "normalise", "part_batches", "part_schema", "private_json"]
+__all__ = [
+    "BATCH_ROWS",
+    "Part",
+    "file_version",
+    "finished_output",
+    "normalise",
+    "part_batches",
+    "part_schema",
+    "private_json",
+]
 
 BATCH_ROWS = 8192
 
@@ -31,6 +40,14 @@ class Part:
     name: str
     rows: int
     first: int  # global position of its first row
+
+
+def file_version(path: Path) -> tuple[int, int, int]:
+    """Which write of ``path`` is there (a manifest or an index replaced by a later run): a
+    rewrite within the filesystem's clock resolution, one or two seconds on some network
+    filesystems, still differs in inode or size."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def normalise(output: str | Path) -> str:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,3 +40,16 @@ def test_null_ids_are_not_indexed(tmp_path):
     index = ResultIndex(_run(tmp_path, [pa.table({"id": [3, None, 1], "y": [1.0, 2.0, 3.0]})]), "id")
     assert len(index) == 2
     assert index.get("1") == {"id": 1, "y": 3.0} and index.get("3") == {"id": 3, "y": 1.0}
+
+
+def test_a_later_run_is_seen_even_when_its_manifest_keeps_the_same_mtime(tmp_path):
+    """Some filesystems stamp to the second or coarser: a run that finishes within the same tick
+    as the one being served still counts as newer (inode or size differ)."""
+    index = ResultIndex(_run(tmp_path, [pa.table({"id": [1, 2], "y": [1.0, 2.0]})]), "id")
+    assert index.newer() is None
+    before = (tmp_path / "_SUCCESS").stat()
+    _run(tmp_path, [pa.table({"id": [1, 2], "y": [1.0, 2.0]}), pa.table({"id": [7], "y": [7.0]})])
+    os.utime(tmp_path / "_SUCCESS", ns=(before.st_atime_ns, before.st_mtime_ns))
+    later = index.newer()
+    assert later is not None and len(later) == 3 and later.get("7") == {"id": 7, "y": 7.0}
+    assert later.newer() is None

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, ModelError
+from ..outputs import file_version
 from .base import Adapter, SetupContext, predict_table
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class KnnAdapter(Adapter):
         extra = [c for c in (self.self_column, self.exclude_column, self.k_column) if c]
         self.input_columns = tuple(dict.fromkeys([*query, *extra]))
         self._loaded: tuple[Any, pa.Array] | None = None  # (index, ids), swapped as one by reload()
-        self._stamp = 0.0
+        self._stamp: tuple[int, int, int] = (0, 0, 0)
 
     def _text_model(self, cfg: JobConfig) -> Adapter:
         from . import _digest_path
@@ -120,10 +121,10 @@ class KnnAdapter(Adapter):
     def ids(self) -> pa.Array | None:
         return self._loaded[1] if self._loaded else None
 
-    def _load(self) -> tuple[tuple[Any, pa.Array], float]:
+    def _load(self) -> tuple[tuple[Any, pa.Array], tuple[int, int, int]]:
         from ..index import load_faiss
 
-        stamp = Path(f"{self.path}.json").stat().st_mtime  # the JSON is written last: a whole index is there
+        stamp = file_version(Path(f"{self.path}.json"))  # the JSON is written last: a whole index is there
         try:
             index = load_faiss().read_index(str(self.path))
         except RuntimeError as exc:
@@ -136,7 +137,7 @@ class KnnAdapter(Adapter):
     def reload(self) -> bool:
         """Load the index again if a new build replaced it (``bulkinfer serve`` polls this): the new
         one is read completely, then swapped in, so requests in flight finish on the old one."""
-        if Path(f"{self.path}.json").stat().st_mtime == self._stamp:
+        if file_version(Path(f"{self.path}.json")) == self._stamp:
             return False
         meta = json.loads(Path(f"{self.path}.json").read_text())
         if (meta["report"]["metric"], int(meta["report"]["dim"])) != (self.metric, self.dim):

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
+from ..outputs import file_version
 
 __all__ = ["ResultIndex"]
 
@@ -37,7 +38,7 @@ class ResultIndex:
             raise ConfigError(
                 f"serve.results: {self.out_dir} holds no finished run (no _SUCCESS); finish the run first"
             )
-        self.stamp = manifest.stat().st_mtime
+        self.stamp = file_version(manifest)
         files = [f["name"] for f in json.loads(manifest.read_text())["files"]]
         if any(not name.endswith(".parquet") for name in files):
             raise ConfigError(
@@ -72,7 +73,7 @@ class ResultIndex:
     def newer(self) -> ResultIndex | None:
         """The same folder indexed again if a later run finished there since, else None."""
         manifest = self.out_dir / "_SUCCESS"
-        if not manifest.is_file() or manifest.stat().st_mtime == self.stamp:
+        if not manifest.is_file() or file_version(manifest) == self.stamp:
             return None
         return ResultIndex(self.out_dir, self.id_column)
 
