@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -54,10 +55,28 @@ def _prepare(quiet: bool) -> None:
     _setup_logging(quiet)
 
 
+class _LineFormat(logging.Formatter):
+    """``bulkinfer: <message>``; a library's own warning names the library (``bulkinfer: [ray] ...``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == "bulkinfer" or record.name.startswith("bulkinfer."):
+            return f"bulkinfer: {record.getMessage()}"
+        source = record.name.split(".")[0]
+        if source == "root":  # a library that logs on the root logger: named by where its file is installed
+            found = re.search(r"[/\\](?:site|dist)-packages[/\\]([^/\\]+)", record.pathname)
+            source = found.group(1).removesuffix(".py") if found else "python"
+        return f"bulkinfer: [{source}] {record.getMessage()}"
+
+
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO, format="bulkinfer: %(message)s", stream=sys.stderr
-    )
+    """bulkinfer's lines at INFO (WARNING with -q) on stderr; the libraries it drives only from
+    WARNING up, so a quantizer's or an exporter's progress chatter stays out of the job's log."""
+    if not logging.root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_LineFormat())
+        logging.root.addHandler(handler)
+        logging.root.setLevel(logging.WARNING)
+    logging.getLogger("bulkinfer").setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:

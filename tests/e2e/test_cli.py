@@ -137,3 +137,23 @@ def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_p
     assert last.startswith("bulkinfer: error: runtime.device = cuda: ") and needle in last, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path, minilm_path):
+    """Building an int8 model drives onnxruntime's quantizer, which logs dozens of INFO lines
+    (one per tensor); the job's log keeps bulkinfer's own lines and the libraries' warnings."""
+    from helpers import make_catalog, tiny_st_model
+
+    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    write(make_catalog(40), tmp_path / "in.parquet")
+    proc = cli("run", "-i", "in.parquet", "-m", str(model), "--text-column", "description", "--id-column", "id",
+               "-o", "out", "--progress", "none", "--set", "runtime.precision=int8", "--set", "runtime.quality_floor=0.5",
+               "--set", "runtime.quality_sample_rows=16", "--set", f"runtime.cache_dir={tmp_path / 'cache'}",
+               cwd=tmp_path, check=True)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert any("compiled the model for onnxruntime/int8" in line for line in lines), proc.stderr
+    assert any(line.startswith("bulkinfer: quality gate") for line in lines), proc.stderr
+    assert not [line for line in lines if "Quantization parameters" in line or "pre-processing" in line], proc.stderr
+    assert all(line.startswith("bulkinfer: ") for line in lines), proc.stderr
+    assert read_output(tmp_path / "out").num_rows == 40
+

@@ -30,6 +30,13 @@ from ..hardware import int8_scheme, isa_key
 __all__ = ["OPSET", "OrtEngine", "cache_entry"]
 
 log = logging.getLogger("bulkinfer")
+
+
+class _DropAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Please consider to run pre-processing before quantization")
+
+
 OPSET = 17
 
 
@@ -128,10 +135,15 @@ def _build(
 
             groups = layer_groups(optimized)
             exclude = [node for g in keep_fp32 for node in groups.get(g, [])]
-            quantize_dynamic(
-                str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
-                nodes_to_exclude=exclude, reduce_range=scheme["reduce_range"],
-            )  # fmt: skip
+            advice = _DropAdvice()  # the quantizer's "run pre-processing first": done above, not the user's to do
+            logging.root.addFilter(advice)
+            try:
+                quantize_dynamic(
+                    str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
+                    nodes_to_exclude=exclude, reduce_range=scheme["reduce_range"],
+                )  # fmt: skip
+            finally:
+                logging.root.removeFilter(advice)
             if keep_fp32:
                 scheme = {**scheme, "fp32_groups": sorted(keep_fp32)}
         for f in work.iterdir():
