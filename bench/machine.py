@@ -16,4 +16,7 @@ def describe() -> str:
     from bulkinfer.hardware import cpu
 
     c = cpu()
-    return f"cpu: {c['model']} x{c['cpus']}; cpu flags: {cpu_flags()}"
+    line = f"cpu: {c['model']} x{c['cpus']}; cpu flags: {cpu_flags()}"
+    if c.get("unconfirmed"):  # /proc/cpuinfo describes a host whose features this process cannot run (an emulator)
+        line += f" (/proc/cpuinfo also lists {' '.join(c['unconfirmed'])}: not executable here)"
+    return line

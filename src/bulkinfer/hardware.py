@@ -1,5 +1,6 @@
-"""What the machine can do fast, detected once from ``/proc/cpuinfo`` (no import of torch or
-onnxruntime): the instruction sets the CPU fast paths depend on. One 2-core cloud box kind
+"""What the machine can do fast, detected once from ``/proc/cpuinfo`` and checked against what
+this process can execute (numpy's runtime CPU detection; no import of torch or onnxruntime):
+the instruction sets the CPU fast paths depend on. One 2-core cloud box kind
 has come with AVX-512/VNNI/bf16 and with AVX2 only; bf16 without bf16 instructions is
 emulated (measured 5x slower than fp32 there) and dynamic int8 without dot-product
 instructions runs kernels whose sums saturate.
@@ -23,6 +24,8 @@ from typing import Any
 
 __all__ = [
     "CPU_FEATURES",
+    "RUNTIME_NAMES",
+    "confirm",
     "cpu",
     "device_here",
     "emulated",
@@ -71,14 +74,58 @@ def parse_cpuinfo(text: str, arch: str) -> dict[str, Any]:
     return {"model": model or arch, "arch": arch, "features": features}
 
 
+# bulkinfer's name -> numpy's name for the same feature in its runtime (CPUID and OS state) detection
+RUNTIME_NAMES = {
+    "avx2": "AVX2",
+    "avx512f": "AVX512F",
+    "avx512_vnni": "AVX512VNNI",
+    "avx512_bf16": "AVX512BF16",
+    "avx512_fp16": "AVX512FP16",
+    "neon": "ASIMD",
+    "arm_dotprod": "ASIMDDP",
+    "arm_fp16": "ASIMDHP",
+    "sve": "SVE",
+}
+
+
+def confirm(parsed: dict[str, Any], runtime: dict[str, bool] | None) -> dict[str, Any]:
+    """``parsed`` (from ``/proc/cpuinfo``) checked against what this process can execute
+    (``runtime``: numpy's CPUID-and-OS detection, None when unavailable). Under an emulator or
+    a sandbox ``/proc/cpuinfo`` can describe the host while the CPU the process sees has less
+    (qemu's ``-cpu Haswell`` on an AVX-512 host): the kernels follow the CPU, so when any
+    claimed feature does not execute, only the features the process confirms are kept (the
+    ones numpy cannot check, AMX or AVX-VNNI, are dropped with the rest) and ``unconfirmed``
+    lists what was dropped."""
+    if runtime is None:
+        return parsed
+    claimed = parsed["features"]
+    absent = {f for f in claimed if f in RUNTIME_NAMES and not runtime.get(RUNTIME_NAMES[f], False)}
+    if not absent:
+        return parsed
+    kept = [f for f in claimed if f in RUNTIME_NAMES and f not in absent]
+    return {**parsed, "features": kept, "unconfirmed": sorted(set(claimed) - set(kept))}
+
+
+def _runtime_features() -> dict[str, bool] | None:
+    import importlib
+
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
+        try:
+            return dict(importlib.import_module(module).__cpu_features__)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def cpu() -> dict[str, Any]:
-    """``{"model", "arch", "cpus", "features": [...]}`` of this machine."""
+    """``{"model", "arch", "cpus", "features": [...]}`` of this machine (``unconfirmed`` too when
+    ``/proc/cpuinfo`` claims features this process cannot execute: see :func:`confirm`)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
-    out = parse_cpuinfo(text, platform.machine())
+    out = confirm(parse_cpuinfo(text, platform.machine()), _runtime_features())
     out["cpus"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return out
 

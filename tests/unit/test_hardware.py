@@ -233,3 +233,44 @@ def test_the_warning_before_a_run_on_weak_kernels_cites_what_tune_measured_here(
     [said] = [r.getMessage() for r in caplog.records if "runtime.precision = int8" in r.getMessage()]
     assert said == alone + (" (bulkinfer tune measured int8 here at 391.5 rows/s against fp32's 270.0 (1.45x), "
                             "gate mean cosine 0.9905)")  # fmt: skip
+
+
+HASWELL = {"AVX2": True, "FMA3": True, "AVX512F": False, "AVX512VNNI": False, "AVX512BF16": False}
+
+
+@pytest.mark.parametrize(
+    ("text", "arch", "runtime", "features", "unconfirmed"),
+    [
+        # the process runs what /proc/cpuinfo says: kept as is, AMX (which numpy cannot check) included
+        (SAPPHIRE, "x86_64", {n: True for n in hardware.RUNTIME_NAMES.values()}, None, None),
+        (AVX2, "x86_64", HASWELL, None, None),
+        (SAPPHIRE, "x86_64", None, None, None),  # no runtime detection: /proc/cpuinfo is all there is
+        # qemu -cpu Haswell on a Sapphire Rapids host: the kernels see AVX2, so does bulkinfer
+        (SAPPHIRE, "x86_64", HASWELL, ["avx2"],
+         ["amx", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx512f"]),
+        # an ARM sandbox whose /proc/cpuinfo is its host's: SVE and the dot product do not execute
+        (GRAVITON, "aarch64", {"ASIMD": True, "ASIMDHP": True, "ASIMDDP": False, "SVE": False}, ["arm_fp16", "neon"],
+         ["arm_bf16", "arm_dotprod", "i8mm", "sve"]),
+    ],
+)  # fmt: skip
+def test_features_the_process_cannot_execute_are_not_the_machines(monkeypatch, text, arch, runtime, features,
+                                                                   unconfirmed):  # fmt: skip
+    parsed = hardware.parse_cpuinfo(text, arch)
+    checked = hardware.confirm(parsed, runtime)
+    assert checked["features"] == (parsed["features"] if features is None else features)
+    assert checked.get("unconfirmed") == unconfirmed
+    monkeypatch.setattr(hardware, "cpu", lambda: {**checked, "cpus": 2})
+    if features == ["avx2"]:  # what follows from it: 7-bit int8 weights, bf16 and int8 warned, the cache key
+        assert hardware.int8_scheme() == {"reduce_range": True} and hardware.isa_key() == "x86_64:avx2"
+        assert hardware.emulated("cpu", "bf16") and hardware.emulation_warning("cpu", "int8") is not None
+
+
+def test_this_machines_description_is_what_this_process_executes():
+    """The real detection: every feature reported is one numpy's runtime detection confirms
+    (or one it cannot check, when nothing it checks was refused)."""
+    c = hardware.cpu()
+    runtime = hardware._runtime_features()
+    assert runtime is not None  # numpy 2 exposes it: the cross-check is live here
+    for feature in c["features"]:
+        if feature in hardware.RUNTIME_NAMES:
+            assert runtime[hardware.RUNTIME_NAMES[feature]], feature
