@@ -156,4 +156,3 @@ def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path
     assert not [line for line in lines if "Quantization parameters" in line or "pre-processing" in line], proc.stderr
     assert all(line.startswith("bulkinfer: ") for line in lines), proc.stderr
     assert read_output(tmp_path / "out").num_rows == 40
-
