@@ -99,10 +99,11 @@ def confirm(parsed: dict[str, Any], runtime: dict[str, bool] | None) -> dict[str
     if runtime is None:
         return parsed
     claimed = parsed["features"]
-    absent = {f for f in claimed if f in RUNTIME_NAMES and not runtime.get(RUNTIME_NAMES[f], False)}
+    # a feature this numpy does not know (an older one has no AVX512FP16) is not a refusal
+    absent = {f for f in claimed if runtime.get(RUNTIME_NAMES.get(f, ""), True) is False}
     if not absent:
         return parsed
-    kept = [f for f in claimed if f in RUNTIME_NAMES and f not in absent]
+    kept = [f for f in claimed if runtime.get(RUNTIME_NAMES.get(f, "")) is True]
     return {**parsed, "features": kept, "unconfirmed": sorted(set(claimed) - set(kept))}
 
 
