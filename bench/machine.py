@@ -17,6 +17,6 @@ def describe() -> str:
 
     c = cpu()
     line = f"cpu: {c['model']} x{c['cpus']}; cpu flags: {cpu_flags()}"
-    if c.get("unconfirmed"):  # /proc/cpuinfo describes a host whose features this process cannot run (an emulator)
-        line += f" (/proc/cpuinfo also lists {' '.join(c['unconfirmed'])}: not executable here)"
+    if c.get("unconfirmed"):  # /proc/cpuinfo describes a host the process is not shown whole (emulator, CPUID mask)
+        line += f" (/proc/cpuinfo also lists {' '.join(c['unconfirmed'])}: not available to this process)"
     return line

@@ -154,6 +154,7 @@ def _build(
                 {
                     "precision": precision,
                     "opset": OPSET,
+                    "isa": isa_key(),  # the machine kind it was built for (part of the entry's key)
                     **_versions(),
                     "build_s": round(time.perf_counter() - t0, 2),
                     **scheme,

@@ -1,0 +1,146 @@
+"""Which dynamic int8 scheme fits which CPU kernels, for the bundled MiniLM: speed and the
+gate's figures of each, in one run (issue 18: "choose the quantization scheme by the hardware").
+
+Usage: .venv/bin/python bench/bench_int8_schemes.py [ROWS] [--repeat N]
+       .venv/bin/python bench/as_avx2.py .venv/bin/python bench/bench_int8_schemes.py [ROWS]
+
+The schemes (all per-channel weights, u8 activations quantized per call, MatMuls):
+- s8 weights, 8 bits: ONNX Runtime's u8s8 kernels (VNNI's vpdpbusd where there is VNNI;
+  on AVX2 vpmaddubsw, whose 16-bit pair sums saturate);
+- s8 weights, 7 bits (``reduce_range``): the same kernels, no saturation, half the steps;
+- u8 weights, 8 bits: the u8u8 kernels (on AVX2 widened to 16 bits before vpmaddwd: no
+  saturation, full 8-bit steps, fewer products per instruction).
+And, as a lead for the next step, bulkinfer's scheme on an attention-fused graph: the model
+exported with eager attention and fused by onnxruntime.transformers' BERT optimizer
+(EmbedLayerNormalization, Attention, SkipLayerNormalization, BiasGelu), whose Attention
+nodes quantize to QAttention (one QKV product per layer). Not bulkinfer's export yet: the
+partial-int8 search's blocks and replay know MatMuls only.
+Each runs through the same adapter (tokenizer, length-sorted batches of 16, pooling), timed
+as the bare-engine limit is (no I/O), rounds interleaved (median of N, default 3), and is
+gated against fp32 on the first 512 rows. bulkinfer's own choice for this CPU is marked.
+Prints the CPU beside them: run it natively and under bench/as_avx2.py to compare kinds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples"), str(ROOT / "bench")]
+
+from bench_int8_static import batches_of, embed, use_model  # noqa: E402
+from machine import describe  # noqa: E402
+
+SCHEMES = {  # name -> (weight type, reduce_range)
+    "s8 weights, 8 bits": ("QInt8", False),
+    "s8 weights, 7 bits (reduce_range)": ("QInt8", True),
+    "u8 weights, 8 bits": ("QUInt8", False),
+}
+
+
+def quantize(fp32: Path, out: Path, weight_type: str, reduce_range: bool) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(fp32), str(out), weight_type=getattr(QuantType, weight_type), per_channel=True, reduce_range=reduce_range,
+        extra_options={"DefaultTensorType": 1},  # fp32: the fused graph's contrib ops have no inferred types
+    )  # fmt: skip
+
+
+def fused(model_dir: str, out: Path) -> None:
+    """The model exported with eager attention, then fused by onnxruntime's BERT optimizer."""
+    import warnings
+
+    import torch
+    from onnxruntime.transformers.optimizer import optimize_model
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModel.from_pretrained(model_dir, local_files_only=True, attn_implementation="eager").eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids, axes = torch.ones((2, 8), dtype=torch.int64), {0: "batch", 1: "tokens"}
+    raw = out.with_suffix(".raw.onnx")
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            LastHidden(), (ids, torch.ones_like(ids)), str(raw), input_names=["input_ids", "attention_mask"],
+            output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "last_hidden_state": axes},
+        )  # fmt: skip
+    opt = optimize_model(
+        str(raw), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size, opt_level=0
+    )
+    print(f"fused: {{ {', '.join(f'{k}: {v}' for k, v in opt.get_fused_operator_statistics().items() if v)} }}")
+    opt.save_model_to_file(str(out))
+
+
+def main() -> None:
+    from bulkinfer import load_config
+    from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
+    from bulkinfer.hardware import int8_scheme
+    from bulkinfer.quality import compare_embeddings
+
+    from helpers import make_catalog
+
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rows = int(args[0]) if args else 1000
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
+    print(describe())
+    ours = next(n for n, (w, r) in SCHEMES.items() if w == "QInt8" and r == int8_scheme()["reduce_range"])
+    work = Path(tempfile.mkdtemp(prefix="bench-int8-schemes-"))
+    try:
+        table = make_catalog(rows, seed=7).select(["description"])
+        cfg = load_config(
+            overrides={"model.name": "minilm", "model.text_column": "description", "runtime.cache_dir": str(work)}
+        )
+        adapter = build_adapter(cfg, resolve_model(cfg))
+        adapter.setup(SetupContext())
+        batches = batches_of(adapter, table)
+        fp32_path = adapter._engine.path
+        models = {"onnxruntime fp32": fp32_path}
+        for name, (weights, reduce_range) in SCHEMES.items():
+            models[name] = work / f"{weights}-{reduce_range}.onnx"
+            quantize(fp32_path, models[name], weights, reduce_range)
+        models["fp32, attention-fused graph"] = work / "fused.onnx"
+        fused(resolve_model(cfg).location, models["fp32, attention-fused graph"])
+        models[f"{ours}, fused"] = work / "fused-int8.onnx"
+        quantize(
+            models["fp32, attention-fused graph"], models[f"{ours}, fused"], "QInt8", int8_scheme()["reduce_range"]
+        )
+        rates: dict[str, list[float]] = {name: [] for name in models}
+        gate: dict[str, dict[str, float]] = {}
+        reference = None
+        for _ in range(repeat):
+            for name, path in models.items():
+                use_model(adapter, path)
+                got, rate = embed(adapter, batches, rows)
+                rates[name].append(rate)
+                if reference is None:
+                    reference = got
+                n = min(512, rows)
+                gate.setdefault(name, compare_embeddings(reference[:n], got[:n]))
+        base = statistics.median(rates["onnxruntime fp32"])
+        print(f"\n{rows} catalog rows, batches of 16, median of {repeat}; gate on the first {min(512, rows)} rows:")
+        for name, r in rates.items():
+            rate = statistics.median(r)
+            q = ", ".join(f"{k} {v:.4f}" for k, v in gate[name].items())
+            mark = "  <- bulkinfer's scheme here" if name == ours else ""
+            print(f"  {name:36s} {rate:7.1f} rows/s  {rate / base:.2f}x fp32  {q}{mark}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
