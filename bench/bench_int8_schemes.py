@@ -10,11 +10,10 @@ The schemes (all per-channel weights, u8 activations quantized per call, MatMuls
 - s8 weights, 7 bits (``reduce_range``): the same kernels, no saturation, half the steps;
 - u8 weights, 8 bits: the u8u8 kernels (on AVX2 widened to 16 bits before vpmaddwd: no
   saturation, full 8-bit steps, fewer products per instruction).
-And, as a lead for the next step, bulkinfer's scheme on an attention-fused graph: the model
-exported with eager attention and fused by onnxruntime.transformers' BERT optimizer
-(EmbedLayerNormalization, Attention, SkipLayerNormalization, BiasGelu), whose Attention
-nodes quantize to QAttention (one QKV product per layer). Not bulkinfer's export yet: the
-partial-int8 search's blocks and replay know MatMuls only.
+Beside them, the plain export bulkinfer used before the attention fusion (sdpa attention,
+ONNX Runtime's basic optimizations) in fp32 and in bulkinfer's int8 scheme: what the fused
+graph (EmbedLayerNormalization, Attention -> QAttention, SkipLayerNormalization, BiasGelu)
+gains.
 Each runs through the same adapter (tokenizer, length-sorted batches of 16, pooling), timed
 as the bare-engine limit is (no I/O), rounds interleaved (median of N, default 3), and is
 gated against fp32 on the first 512 rows. bulkinfer's own choice for this CPU is marked.
@@ -51,39 +50,18 @@ def quantize(fp32: Path, out: Path, weight_type: str, reduce_range: bool) -> Non
     )  # fmt: skip
 
 
-def fused(model_dir: str, out: Path) -> None:
-    """The model exported with eager attention, then fused by onnxruntime's BERT optimizer."""
-    import warnings
+def plain(model_dir: str, out: Path) -> None:
+    """The model exported without the attention fusion: sdpa attention, basic optimizations."""
+    import onnxruntime as ort
 
-    import torch
-    from onnxruntime.transformers.optimizer import optimize_model
-    from transformers import AutoConfig, AutoModel
+    from bulkinfer.engines.ort_engine import _export
 
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModel.from_pretrained(model_dir, local_files_only=True, attn_implementation="eager").eval()
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    ids, axes = torch.ones((2, 8), dtype=torch.int64), {0: "batch", 1: "tokens"}
     raw = out.with_suffix(".raw.onnx")
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            LastHidden(), (ids, torch.ones_like(ids)), str(raw), input_names=["input_ids", "attention_mask"],
-            output_names=["last_hidden_state"], opset_version=17, dynamo=False,
-            dynamic_axes={"input_ids": axes, "attention_mask": axes, "last_hidden_state": axes},
-        )  # fmt: skip
-    opt = optimize_model(
-        str(raw), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size, opt_level=0
-    )
-    print(f"fused: {{ {', '.join(f'{k}: {v}' for k, v in opt.get_fused_operator_statistics().items() if v)} }}")
-    opt.save_model_to_file(str(out))
+    _export(model_dir, raw)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
@@ -109,16 +87,14 @@ def main() -> None:
         adapter.setup(SetupContext())
         batches = batches_of(adapter, table)
         fp32_path = adapter._engine.path
-        models = {"onnxruntime fp32": fp32_path}
+        models = {"onnxruntime fp32 (bulkinfer's export)": fp32_path}
         for name, (weights, reduce_range) in SCHEMES.items():
             models[name] = work / f"{weights}-{reduce_range}.onnx"
             quantize(fp32_path, models[name], weights, reduce_range)
-        models["fp32, attention-fused graph"] = work / "fused.onnx"
-        fused(resolve_model(cfg).location, models["fp32, attention-fused graph"])
-        models[f"{ours}, fused"] = work / "fused-int8.onnx"
-        quantize(
-            models["fp32, attention-fused graph"], models[f"{ours}, fused"], "QInt8", int8_scheme()["reduce_range"]
-        )
+        models["fp32, plain export"] = work / "plain.onnx"
+        plain(resolve_model(cfg).location, models["fp32, plain export"])
+        models[f"{ours}, plain export"] = work / "plain-int8.onnx"
+        quantize(models["fp32, plain export"], models[f"{ours}, plain export"], "QInt8", int8_scheme()["reduce_range"])
         rates: dict[str, list[float]] = {name: [] for name in models}
         gate: dict[str, dict[str, float]] = {}
         reference = None
@@ -131,13 +107,13 @@ def main() -> None:
                     reference = got
                 n = min(512, rows)
                 gate.setdefault(name, compare_embeddings(reference[:n], got[:n]))
-        base = statistics.median(rates["onnxruntime fp32"])
+        base = statistics.median(rates["onnxruntime fp32 (bulkinfer's export)"])
         print(f"\n{rows} catalog rows, batches of 16, median of {repeat}; gate on the first {min(512, rows)} rows:")
         for name, r in rates.items():
             rate = statistics.median(r)
             q = ", ".join(f"{k} {v:.4f}" for k, v in gate[name].items())
             mark = "  <- bulkinfer's scheme here" if name == ours else ""
-            print(f"  {name:36s} {rate:7.1f} rows/s  {rate / base:.2f}x fp32  {q}{mark}")
+            print(f"  {name:40s} {rate:7.1f} rows/s  {rate / base:.2f}x fp32  {q}{mark}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

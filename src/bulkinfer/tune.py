@@ -334,12 +334,14 @@ def measured_here(cfg: JobConfig, model_digest: str) -> str | None:
 
 
 def results_path(cfg: JobConfig, model_digest: str) -> Path:
-    """Where ``tune`` keeps its measurements for this model, device and machine."""
+    """Where ``tune`` keeps its measurements for this model, device, machine and ONNX export version."""
     root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
+    from .engines.ort_engine import EXPORT
     from .hardware import gpu
 
     where = cfg.runtime.device + (f" {gpu(cfg.runtime.device)}" if cfg.runtime.device.startswith("cuda") else "")
-    key = hashlib.sha256(f"{_machine()}|{where}".encode()).hexdigest()[:12]
+    # the export's version too: figures measured on an older graph are not this one's
+    key = hashlib.sha256(f"{_machine()}|{where}|export {EXPORT}".encode()).hexdigest()[:12]
     return root / "tune" / f"{model_digest[:16]}-{key}.json"
 
 

@@ -1,8 +1,10 @@
 """Partial int8: which parts of a transformer stay in fp32 so that int8 passes the quality gate.
 
-The quantizable nodes of an exported transformer (its MatMuls: ONNX Runtime's dynamic int8
-leaves the embedding tables' Gathers in fp32) are grouped by layer and block
-(``layer.0/attention``, ``layer.0/intermediate``, ``layer.0/output``...). Each group's
+The quantizable nodes of an exported transformer (its MatMuls, and in a fused graph its
+Attention nodes, whose Q, K and V product int8 turns into QAttention: ONNX Runtime's dynamic
+int8 leaves the embedding tables' Gathers in fp32) are grouped by layer and block
+(``layer.0/attention``, ``layer.0/intermediate``, ``layer.0/output``...; a fused Attention
+node goes with the block of the MatMul that reads its output). Each group's
 sensitivity is measured on the job's own rows in one pass: the fp32 model runs with every
 MatMul's input exposed, and each MatMul is replayed in numpy with the weights and the
 activations quantized exactly as ONNX Runtime's dynamic int8 does (per-channel weights, 7
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Search", "cached_plan", "group_of", "layer_groups", "save_plan", "search", "sensitivities"]
+__all__ = ["Search", "cached_plan", "group_of", "layer_groups", "node_groups", "save_plan", "search", "sensitivities"]
 
 _LAYER = re.compile(r"layer[._](\d+)[./](attention|intermediate|output)")
 
@@ -34,15 +36,31 @@ def group_of(node_name: str) -> str:
     return f"layer.{m.group(1)}/{m.group(2)}" if m else node_name.rsplit("/", 1)[0] or node_name
 
 
+QUANTIZED = ("MatMul", "Attention")
+
+
+def node_groups(graph: Any) -> dict[str, str]:
+    """Each quantizable node's group, in graph order (an ONNX ``GraphProto``). A fused Attention
+    node (named ``Attention_0``...) takes the group of the MatMul that reads its output."""
+    readers: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "MatMul":
+            readers.setdefault(node.input[0], node.name)
+    out: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type in QUANTIZED:
+            name = readers.get(node.output[0], node.name) if node.op_type == "Attention" else node.name
+            out[node.name] = group_of(name)
+    return out
+
+
 def layer_groups(onnx_path: Path) -> dict[str, list[str]]:
-    """Each group's MatMul nodes, in graph order."""
+    """Each group's quantizable nodes, in graph order."""
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
     groups: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if node.op_type == "MatMul":
-            groups.setdefault(group_of(node.name), []).append(node.name)
+    for node, group in node_groups(onnx.load(str(onnx_path), load_external_data=False).graph).items():
+        groups.setdefault(group, []).append(node)
     return groups
 
 
@@ -62,15 +80,17 @@ def _fake_quant_activation(x: np.ndarray) -> np.ndarray:
 def sensitivities(
     fp32_path: Path, batches: Sequence[dict[str, np.ndarray]], reduce_range: bool, threads: int
 ) -> dict[str, float]:
-    """Each group's worst relative output error of its MatMuls under int8, on ``batches``."""
+    """Each group's worst relative output error of its MatMuls (and fused Attention nodes' QKV
+    products) under int8, on ``batches``."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
 
     model = onnx.load(str(fp32_path))
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    group = node_groups(model.graph)
     nodes = [(n.name, n.input[0], weights[n.input[1]]) for n in model.graph.node
-             if n.op_type == "MatMul" and n.input[1] in weights and weights[n.input[1]].ndim == 2]  # fmt: skip
+             if n.op_type in QUANTIZED and n.input[1] in weights and weights[n.input[1]].ndim == 2]  # fmt: skip
     exposed = list(dict.fromkeys(x for _, x, _ in nodes))
     known = {o.name for o in model.graph.output}
     for name in exposed:
@@ -91,7 +111,7 @@ def sensitivities(
             err = float(np.linalg.norm(_fake_quant_activation(x) @ quantized[name] - y)) / max(
                 float(np.linalg.norm(y)), 1e-12
             )
-            g = group_of(name)
+            g = group[name]
             worst[g] = max(worst.get(g, 0.0), float(err))
     return worst
 
@@ -145,8 +165,11 @@ def _plan_path(cache_dir: Path, model_digest: str, floor: float) -> Path:
     import json
 
     from ..hardware import int8_scheme, isa_key
+    from .ort_engine import EXPORT
 
-    key = json.dumps({"model": model_digest, "isa": isa_key(), **int8_scheme(), "floor": floor}, sort_keys=True)
+    key = json.dumps(
+        {"model": model_digest, "export": EXPORT, "isa": isa_key(), **int8_scheme(), "floor": floor}, sort_keys=True
+    )
     return cache_dir / "int8-plans" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
