@@ -10,7 +10,7 @@ A BERT encoder (``model_type = "bert"``, right-padding tokenizer) is exported wi
 attention and fused by ONNX Runtime's transformer optimizer (EmbedLayerNormalization,
 Attention, SkipLayerNormalization, BiasGelu; int8 then quantizes Attention to QAttention,
 one product for Q, K and V): measured on MiniLM (``bench/bench_int8_schemes.py``) int8
-+22% and fp32 +12% on AVX-512/VNNI, +5% and +6% on AVX2 kernels, at the same cosine. The
++22% and fp32 +12% on AVX-512/VNNI, +5 to +16% and +6% on AVX2 kernels, same cosine. The
 fused graph is kept only when it gives the plain graph's output on a probe batch;
 otherwise, and for other models, the plain export is used.
 
