@@ -52,16 +52,11 @@ def quantize(fp32: Path, out: Path, weight_type: str, reduce_range: bool) -> Non
 
 def plain(model_dir: str, out: Path) -> None:
     """The model exported without the attention fusion: sdpa attention, basic optimizations."""
-    import onnxruntime as ort
-
-    from bulkinfer.engines.ort_engine import _export
+    from bulkinfer.engines.ort_engine import _export, optimize_basic
 
     raw = out.with_suffix(".raw.onnx")
     _export(model_dir, raw)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.optimized_model_filepath = str(out)
-    ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+    optimize_basic(raw, out)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bulkinfer.engines.int8 import layer_groups
-from bulkinfer.engines.ort_engine import OrtEngine, _fusable
+from bulkinfer.engines.ort_engine import OrtEngine, _export, _fusable, _fuse
 
 from helpers import tiny_st_model
 
@@ -96,3 +96,20 @@ def test_left_padding_tokenizers_and_other_models_keep_the_plain_graph(tiny, tmp
     engine = _engine(left, tmp_path / "cache", "fp32")
     assert "fused" not in json.loads((engine.path.parent / "meta.json").read_text())
     assert "Attention" not in _ops(engine.path) and _ops(engine.path)["MatMul"] >= 12
+
+
+def test_a_fused_graph_that_differs_from_the_plain_one_is_not_kept(tiny, tmp_path, monkeypatch):
+    import bulkinfer.engines.ort_engine as ort_engine
+
+    shape = _fusable(str(tiny))
+    assert shape is not None
+    raw = tmp_path / "raw.onnx"
+    _export(str(tiny), raw, eager=True)
+    assert _fuse(raw, tmp_path / "right.onnx", shape)["Attention"] == 2  # type: ignore[index]
+    # a probe padded on the left: the fused attention reads the mask as a length per row, so its
+    # output differs from the plain graph's there; the guard must refuse it and write nothing
+    right = ort_engine._probe(shape["vocab_size"])
+    left = {k: np.ascontiguousarray(v[:, ::-1]) for k, v in right.items()}
+    monkeypatch.setattr(ort_engine, "_probe", lambda vocab: left)
+    assert _fuse(raw, tmp_path / "wrong.onnx", shape) is None
+    assert not (tmp_path / "wrong.onnx").exists()

@@ -20,6 +20,7 @@ entry, and two jobs building the same entry both end up with a whole one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -118,6 +119,17 @@ def _export(model_dir: str, out: Path, eager: bool = False) -> None:
         )
 
 
+def optimize_basic(raw: Path, out: Path) -> None:
+    """``raw`` with ONNX Runtime's basic (hardware-independent) graph optimizations, saved to ``out``:
+    the plain export's graph."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+
+
 def _fusable(model_dir: str) -> dict[str, int] | None:
     """``{"num_heads", "hidden_size", "vocab_size"}`` of a BERT encoder whose tokenizer pads on the right (the
     fused attention reads the mask as a length per row), else None."""
@@ -188,8 +200,6 @@ def _build(
     """Export, optimize (and for int8 quantize) into a temporary folder, then rename it to
     ``entry``. int8 quantizes the fp32 entry's model (``fp32_entry``, built first when missing),
     so trying both precisions (``bulkinfer tune``) exports the model once."""
-    import onnxruntime as ort
-
     if precision == "int8" and fp32_entry is not None and not (fp32_entry / "model.onnx").is_file():
         _build(model_dir, "fp32", fp32_entry)
 
@@ -204,10 +214,8 @@ def _build(
         optimized = work / "model.onnx" if precision == "fp32" else work / "fp32.onnx"
         if precision == "int8" and fp32_entry is not None:
             shutil.copyfile(fp32_entry / "model.onnx", optimized)
-            try:  # quantized from a fused graph: say so in this entry too
+            with contextlib.suppress(OSError, ValueError):  # quantized from a fused graph: say so here too
                 graph = {k: v for k, v in json.loads((fp32_entry / "meta.json").read_text()).items() if k == "fused"}
-            except (OSError, ValueError):
-                graph = {}
         else:
             raw = work / "raw.onnx"
             shape = _fusable(model_dir)
@@ -216,10 +224,7 @@ def _build(
             if fused is not None:
                 graph = {"fused": fused}
             else:
-                so = ort.SessionOptions()
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-                so.optimized_model_filepath = str(optimized)
-                ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+                optimize_basic(raw, optimized)
         scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
