@@ -15,7 +15,9 @@ Steps, each timed and bounded, each going on when an earlier one failed:
    anchor, same run; target >= 2x the batch-32 script;
 5. ``bench/bench_serve.py`` on the device: batching on and off at 1, 8 and 32 clients; target
    on/off >= 2x at 32 clients;
-6. generation on the device (a tiny random-weight Llama built by tests/tiny_lm.py): greedy
+6. onnxruntime's CUDA provider (fp32) and TensorRT (fp16, gated) where this onnxruntime has
+   them (the device's stock onnxruntime is the CPU build: then the providers it has are recorded);
+7. generation on the device (a tiny random-weight Llama built by tests/tiny_lm.py): greedy
    completions on the device against the CPU's (the share identical; random weights have
    near-ties), bf16, and JSON-schema-constrained sampling (every completion valid JSON).
 Figures go to OUT/gpu_check.json after every step (a timeout still returns what ran). The
@@ -239,6 +241,33 @@ class Check:
         self.figures["generate"] = fig
         print(f"generation on {self.device}: {json.dumps(fig)}")
 
+    def ort_providers(self) -> None:
+        """onnxruntime on the device: its CUDA provider (fp32, against CPU fp32 like step 2) and
+        TensorRT (fp16, through the gate), where the machine's onnxruntime has them; else the
+        providers it has, recorded as the reason nothing ran."""
+        import onnxruntime as ort
+
+        have = ort.get_available_providers()
+        fig: dict[str, Any] = {"onnxruntime": ort.__version__, "providers": have}
+        self.figures["onnxruntime_gpu"] = fig
+        base = self.figures.get("anchors", {}).get("sentence-transformers script, batch 32")
+        runs = {"CUDAExecutionProvider": ("onnxruntime cuda fp32", ["--set", "runtime.precision=fp32"]),
+                "TensorrtExecutionProvider": ("onnxruntime tensorrt fp16", ["--set", "runtime.precision=fp16",
+                                              "--set", "runtime.tensorrt=true"])}  # fmt: skip
+        knobs = ["--set", "runtime.engine=onnxruntime", "--set", "runtime.batch_size=256"]
+        for provider, (name, extra) in runs.items():
+            if provider not in have:
+                fig[name] = f"skipped: this onnxruntime has no {provider}"
+                continue
+            rep = self.run(name, [*knobs, *extra])
+            q = rep.get("quality") or {}
+            fig[name] = {
+                "rows_per_s": rep["rows_per_s"],
+                "vs_script_32": round(rep["rows_per_s"] / base, 2) if base else None,
+                "quality": {k: q[k] for k in ("mean_cosine", "min_cosine") if k in q} or None,
+            }
+        print(f"onnxruntime on {self.device}: {json.dumps(fig)}")
+
     def _emulated(self, precision: str) -> bool:
         from bulkinfer.hardware import emulated
 
@@ -266,6 +295,7 @@ def main() -> None:
     check.step("embeddings on the device equal the CPU's", check.equal)
     check.step("anchors on the device", check.anchors)
     check.step("bulkinfer on the device", check.variants)
+    check.step("onnxruntime's GPU providers", check.ort_providers)
     check.step("serve: batching on/off", check.serve)
     check.step("generation on the device", check.generate)
     print("\n== summary")

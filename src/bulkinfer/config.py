@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .credentials import find_masked
 from .errors import ConfigError
@@ -152,6 +152,10 @@ class RuntimeConfig(_Section):
     """Rows of the job's input the quality gate compares on (taken from across the input)."""
     device: str = "cpu"
     """Torch device: 'cpu', 'cuda', 'cuda:1'."""
+    tensorrt: bool = False
+    """onnxruntime on a GPU: run through ONNX Runtime's TensorRT execution provider (pip install
+    onnxruntime-gpu tensorrt), precision fp32 or fp16; its engines are built once per GPU, precision and
+    batch shape and cached under cache_dir."""
     batch_size: int | Literal["auto"] = 16
     """Maximum rows per model call; "auto": the fastest size `bulkinfer tune` measured for this
     model, engine and precision on this machine (when it has not been run: the model's own default,
@@ -178,6 +182,22 @@ class RuntimeConfig(_Section):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ValueError('expected a whole number >= 1 or "auto"')
+
+    @field_validator("tensorrt")
+    @classmethod
+    def _tensorrt(cls, value: bool, info: ValidationInfo) -> bool:
+        device, engine, precision = (info.data.get(k) for k in ("device", "engine", "precision"))
+        if value and not str(device).startswith("cuda"):
+            raise ValueError(
+                f"TensorRT runs on an NVIDIA GPU, not runtime.device = {device}; set runtime.device = cuda, "
+                "or runtime.tensorrt = false"
+            )
+        if value and (engine not in ("auto", "onnxruntime") or precision not in ("fp32", "fp16")):
+            raise ValueError(
+                f"TensorRT runs the onnxruntime engine in fp32 or fp16, not {engine}/{precision}; "
+                "set runtime.precision = fp16 (or fp32), or runtime.tensorrt = false"
+            )
+        return value
 
     @property
     def rows_per_call(self) -> int:

@@ -168,7 +168,8 @@ def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards:
     """The gate's figures for ``adapter`` (set up, in the job's precision) against fp32 on the
     job's rows; the int8 search when full int8 fails and may be searched."""
     rt = cfg.runtime
-    fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32"})})
+    # the reference is plain fp32: not TensorRT's, whose fp32 may round through TF32
+    fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32", "tensorrt": False})})
     reference = build_adapter(fp32_cfg, model)
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
     threads = rt.threads or available_cpus()

@@ -99,6 +99,11 @@ def tune(
     ``sample_size`` rows from across ``cfg``'s input; with ``int8_search``, an int8 that
     fails the gate is searched for the blocks to keep in fp32 (several builds). By default
     every pair and ``BATCH_SIZES``; on a GPU the torch pairs and ``GPU_BATCH_SIZES``."""
+    if cfg.runtime.tensorrt:
+        raise ConfigError(
+            "runtime.tensorrt: bulkinfer tune measures torch and onnxruntime without TensorRT; run it with "
+            "runtime.tensorrt = false, and give a TensorRT job its runtime.batch_size yourself"
+        )
     default_pairs, default_sizes = candidates_for(cfg.runtime.device)
     batch_sizes, precisions = batch_sizes or default_sizes, precisions or default_pairs
     unknown = [p for p in precisions if p not in PRECISIONS]

@@ -80,3 +80,42 @@ def test_an_unknown_output_scheme_is_refused_not_written_to_a_local_folder(tmp_p
     load_config(overrides={**base, "sink.path": "s3://bucket/out"}).require_runnable()
     load_config(overrides={**base, "sink.path": f"file://{tmp_path}/out"}).require_runnable()
     assert not (tmp_path / "nosuch:").exists() and not (tmp_path / "s3:").exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (["runtime.tensorrt=true"], "runs on an NVIDIA GPU, not runtime.device = cpu"),
+        (["runtime.tensorrt=true", "runtime.device=cuda", "runtime.precision=int8"], "not auto/int8"),
+        (["runtime.tensorrt=true", "runtime.device=cuda", "runtime.precision=auto"], "not auto/auto"),
+        (["runtime.tensorrt=true", "runtime.device=cuda", "runtime.engine=torch", "runtime.precision=fp16"],
+         "not torch/fp16"),
+    ],
+)  # fmt: skip
+def test_tensorrt_is_refused_where_it_cannot_run_in_one_line(sets, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(sets=sets)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config: runtime.tensorrt: TensorRT runs") and says in msg
+    assert "runtime.tensorrt = false" in msg
+
+
+def test_tensorrt_runs_the_onnxruntime_engine_in_fp32_or_fp16():
+    from bulkinfer.adapters import _tensorrt_rows
+    from bulkinfer.engines import choose_engine
+
+    for precision in ("fp32", "fp16"):
+        rt = load_config(
+            sets=["runtime.tensorrt=true", "runtime.device=cuda:1", f"runtime.precision={precision}"]
+        ).runtime
+        assert choose_engine(rt.engine, rt.precision, rt.device, rt.tensorrt) == "onnxruntime"
+    # tune's torch candidates of a TensorRT job stay torch; without TensorRT, fp16 is torch's
+    assert choose_engine("torch", "fp16", "cuda", True) == "torch"
+    with pytest.raises(ConfigError, match="fp16 runs on the torch engine"):
+        choose_engine("onnxruntime", "fp16", "cuda", False)
+    # the engine's optimization profile: the batch size when set, tune's largest for auto, else the GPU default
+    gpu = ["runtime.tensorrt=true", "runtime.device=cuda"]
+    assert _tensorrt_rows(load_config(sets=gpu).runtime) == 256
+    assert _tensorrt_rows(load_config(sets=[*gpu, "runtime.batch_size=64"]).runtime) == 64
+    assert _tensorrt_rows(load_config(sets=[*gpu, 'runtime.batch_size="auto"']).runtime) == 1024
+    assert _tensorrt_rows(load_config(sets=["runtime.device=cuda"]).runtime) is None

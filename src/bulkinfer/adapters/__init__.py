@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import JobConfig
+from ..config import JobConfig, RuntimeConfig
 from ..errors import ConfigError, ModelError
 from .base import (
     Adapter,
@@ -149,12 +149,13 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         adapter = TextEmbeddingAdapter(
             model.location,
             m.text_column or "input",
-            engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device),
+            engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device, cfg.runtime.tensorrt),
             precision=cfg.runtime.precision,
             max_seq_length=m.max_seq_length,
             model_digest=model.digest,
             cache_dir=cfg.runtime.cache_dir,
             int8_fp32_groups=_int8_groups(cfg, model),
+            tensorrt_rows=_tensorrt_rows(cfg.runtime),
         )
         if cfg.runtime.device.startswith("cuda"):
             adapter.batch_size_hint = GPU_TEXT_BATCH  # a GPU idles on 16-row calls; tune measures 64..1024
@@ -244,6 +245,17 @@ def resolve_precision(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
         engine, precision, why = auto_precision(cfg, model)
     log.info("runtime.precision = auto: %s on %s (%s)", precision, engine, why)
     return cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": precision, "engine": engine})})
+
+
+def _tensorrt_rows(rt: RuntimeConfig) -> int | None:
+    """The most rows per call a TensorRT engine is built for (its optimization profile): the
+    batch size when set, tune's largest GPU size for "auto", else the GPU default; None without
+    TensorRT."""
+    if not rt.tensorrt:
+        return None
+    if "batch_size" not in rt.model_fields_set:
+        return GPU_TEXT_BATCH
+    return rt.batch_size if isinstance(rt.batch_size, int) else 1024
 
 
 def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:

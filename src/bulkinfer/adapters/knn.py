@@ -103,8 +103,9 @@ class KnnAdapter(Adapter):
         from ..engines import choose_engine
 
         rt = cfg.runtime
+        engine = choose_engine(rt.engine, rt.precision, rt.device, rt.tensorrt)
         return TextEmbeddingAdapter(
-            location, cfg.model.text_column or "", engine=choose_engine(rt.engine, rt.precision, rt.device),
+            location, cfg.model.text_column or "", engine=engine,
             precision=rt.precision, max_seq_length=cfg.model.max_seq_length, model_digest=model.get("digest", ""),
             cache_dir=rt.cache_dir,
         )  # fmt: skip

@@ -104,8 +104,10 @@ class TextEmbeddingAdapter(Adapter):
         model_digest: str = "",
         cache_dir: str | None = None,
         int8_fp32_groups: Sequence[str] | None = None,
+        tensorrt_rows: int | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.tensorrt_rows = tensorrt_rows  # onnxruntime through TensorRT, for calls of up to this many rows
         self.int8_fp32_groups = list(int8_fp32_groups or [])
         if not is_sentence_transformers_dir(self.model_dir):
             raise ModelError(f"{model_dir}: not a sentence-transformers directory (no modules.json)")
@@ -153,6 +155,7 @@ class TextEmbeddingAdapter(Adapter):
             cache_dir=self.cache_dir,
             spin=not ctx.online,
             keep_fp32=self.int8_fp32_groups,
+            tensorrt=(self.tensorrt_rows, self.max_seq_length or 512) if self.tensorrt_rows else None,
         )
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:

@@ -36,9 +36,11 @@ def load_engine(
     cache_dir: Path | None = None,
     spin: bool = True,
     keep_fp32: Sequence[str] = (),
+    tensorrt: tuple[int, int] | None = None,
 ) -> TransformerEngine:
     """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``). ``spin``:
-    let the engine's threads busy-wait between calls (onnxruntime; off for serving)."""
+    let the engine's threads busy-wait between calls (onnxruntime; off for serving).
+    ``tensorrt``: onnxruntime through TensorRT, for batches of up to (rows, tokens)."""
     if name == "torch":
         from .torch_engine import TorchEngine
 
@@ -56,6 +58,7 @@ def load_engine(
                 cache_dir=cache_dir or default_cache_dir(),
                 spin=spin,
                 keep_fp32=keep_fp32,
+                tensorrt=tensorrt,
             )
         except ImportError as exc:
             raise ModelError(
@@ -65,10 +68,12 @@ def load_engine(
     raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch or onnxruntime")
 
 
-def choose_engine(engine: str, precision: str, device: str) -> str:
+def choose_engine(engine: str, precision: str, device: str, tensorrt: bool = False) -> str:
     """Resolve ``runtime.engine = auto`` and refuse combinations no engine runs."""
     if engine == "vllm":
         raise ConfigError("runtime.engine: vllm runs generation models; embeddings run on torch or onnxruntime")
+    if tensorrt and engine in ("auto", "onnxruntime"):  # its precisions are checked with the config
+        return "onnxruntime"
     if engine == "auto":
         engine = "torch" if precision in ("bf16", "fp16") or not device.startswith("cpu") else "onnxruntime"
     if engine == "torch" and precision == "int8":
@@ -77,7 +82,10 @@ def choose_engine(engine: str, precision: str, device: str) -> str:
             "and too lossy); set runtime.engine=onnxruntime"
         )
     if engine == "onnxruntime" and precision in ("bf16", "fp16"):
-        raise ConfigError(f"runtime.precision: {precision} runs on the torch engine; set runtime.engine=torch")
+        raise ConfigError(
+            f"runtime.precision: {precision} runs on the torch engine (fp16 also on onnxruntime through TensorRT); "
+            "set runtime.engine=torch"
+        )
     return engine
 
 

@@ -14,6 +14,11 @@ one product for Q, K and V): measured on MiniLM (``bench/bench_int8_schemes.py``
 fused graph is kept only when it gives the plain graph's output on a probe batch;
 otherwise, and for other models, the plain export is used.
 
+On a GPU the session runs on ONNX Runtime's CUDA provider, or through TensorRT
+(``runtime.tensorrt``: the plain graph, one optimization profile up to the batch size, its
+engines cached in ``<key>/tensorrt/<card>-...``); a session ONNX Runtime started on a fallback provider
+is refused (:func:`started`).
+
 Entries are built in a temporary folder and renamed into place, so a crash never leaves half an
 entry, and two jobs building the same entry both end up with a whole one.
 """
@@ -25,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -38,7 +44,7 @@ import numpy as np
 from ..errors import ModelError
 from ..hardware import int8_scheme, isa_key
 
-__all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry"]
+__all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -64,12 +70,16 @@ def _versions() -> dict[str, str]:
     }
 
 
-def cache_entry(cache_dir: Path, model_digest: str, precision: str, keep_fp32: Sequence[str] = ()) -> Path:
+def cache_entry(
+    cache_dir: Path, model_digest: str, precision: str, keep_fp32: Sequence[str] = (), fuse: bool = True
+) -> Path:
     """Where the compiled model for (model, precision, opset, library versions, groups kept
-    in fp32) lives."""
+    in fp32, fused or not) lives."""
     scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
     if keep_fp32:
         scheme["fp32_groups"] = sorted(keep_fp32)
+    if not fuse:
+        scheme["fuse"] = False
     body = json.dumps(
         {
             "model": model_digest,
@@ -195,11 +205,17 @@ def _fuse(raw: Path, out: Path, shape: dict[str, int]) -> dict[str, int] | None:
 
 
 def _build(
-    model_dir: str, precision: str, entry: Path, fp32_entry: Path | None = None, keep_fp32: Sequence[str] = ()
+    model_dir: str,
+    precision: str,
+    entry: Path,
+    fp32_entry: Path | None = None,
+    keep_fp32: Sequence[str] = (),
+    fuse: bool = True,
 ) -> None:
     """Export, optimize (and for int8 quantize) into a temporary folder, then rename it to
     ``entry``. int8 quantizes the fp32 entry's model (``fp32_entry``, built first when missing),
-    so trying both precisions (``bulkinfer tune``) exports the model once."""
+    so trying both precisions (``bulkinfer tune``) exports the model once. ``fuse=False``: the
+    plain graph even for a BERT encoder (TensorRT fuses it itself, and runs no contrib operators)."""
     if precision == "int8" and fp32_entry is not None and not (fp32_entry / "model.onnx").is_file():
         _build(model_dir, "fp32", fp32_entry)
 
@@ -218,7 +234,7 @@ def _build(
                 graph = {k: v for k, v in json.loads((fp32_entry / "meta.json").read_text()).items() if k == "fused"}
         else:
             raw = work / "raw.onnx"
-            shape = _fusable(model_dir)
+            shape = _fusable(model_dir) if fuse else None
             _export(model_dir, raw, eager=shape is not None)
             fused = _fuse(raw, optimized, shape) if shape is not None else None
             if fused is not None:
@@ -275,8 +291,48 @@ def _build(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def tensorrt_options(engines: Path, precision: str, device_id: int, rows: int, tokens: int) -> dict[str, Any]:
+    """ONNX Runtime's TensorRT provider options for batches of up to ``rows`` x ``tokens``: one
+    optimization profile from 1x1 to that (so the varying shapes of length-sorted batches reuse
+    one engine instead of building one per shape), engines and timing cache kept in ``engines``
+    (a folder per precision and profile inside the cache entry, which is keyed by the model,
+    the machine kind and onnxruntime's version), fp16 kernels for ``precision = "fp16"``."""
+
+    def shape(r: int, t: int) -> str:
+        return ",".join(f"{name}:{r}x{t}" for name in ("input_ids", "attention_mask"))
+
+    return {
+        "device_id": device_id,
+        "trt_fp16_enable": precision == "fp16",
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(engines),
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": str(engines),
+        "trt_profile_min_shapes": shape(1, 1),
+        "trt_profile_opt_shapes": shape(rows, min(tokens, 128)),
+        "trt_profile_max_shapes": shape(rows, tokens),
+    }
+
+
+def started(providers: Sequence[str], wanted: str, device: str) -> None:
+    """Refuse a session that did not start on ``wanted``: ONNX Runtime falls back to the next
+    provider (TensorRT to CUDA, CUDA to the CPU) with a logged error when a provider's libraries
+    do not load, and a GPU job must not run on the CPU, or a TensorRT job without TensorRT, unseen."""
+    if providers and providers[0] == wanted:
+        return
+    if wanted == "TensorrtExecutionProvider":
+        fix = "install the TensorRT libraries it was built for (pip install tensorrt), or set runtime.tensorrt = false"
+    else:
+        fix = "install the CUDA and cuDNN libraries it was built for, or set runtime.engine = torch"
+    raise ModelError(
+        f"runtime.device = {device}: onnxruntime could not start {wanted} here and fell back to "
+        f"{', '.join(providers) or 'nothing'} (its log above says why); {fix}"
+    )
+
+
 class OrtEngine:
-    """Runs a cached ONNX export of a transformer with ONNX Runtime."""
+    """Runs a cached ONNX export of a transformer with ONNX Runtime: on the CPU, on CUDA, or on
+    CUDA through TensorRT (``tensorrt``: the most rows and tokens per call it is built for)."""
 
     def __init__(
         self,
@@ -289,27 +345,32 @@ class OrtEngine:
         cache_dir: Path,
         spin: bool = True,
         keep_fp32: Sequence[str] = (),
+        tensorrt: tuple[int, int] | None = None,
     ) -> None:
         import onnxruntime as ort
 
-        if precision not in ("fp32", "int8"):
+        if precision not in ("fp32", "int8") and not (tensorrt and precision == "fp16"):
             raise ModelError(
                 f"runtime.precision: {precision!r} is not supported by onnxruntime; use fp32 or int8 "
-                "(bf16 runs on the torch engine)"
+                "(fp16 through TensorRT: runtime.tensorrt = true; bf16 runs on the torch engine)"
             )
-        providers: list[Any] = ["CPUExecutionProvider"]
-        if device.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
+        on_gpu = device.startswith("cuda")
+        wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider" if on_gpu else ""
+        if wanted and wanted not in ort.get_available_providers():
+            fix = "pip install onnxruntime-gpu tensorrt" if tensorrt else "pip install onnxruntime-gpu"
+            instead = "runtime.tensorrt = false" if tensorrt else "runtime.engine = torch"
             raise ModelError(  # before the export: nothing built for a run that cannot start
-                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no CUDA provider "
-                f"({', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu, or set "
-                "runtime.engine = torch"
+                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {wanted} "
+                f"({', '.join(ort.get_available_providers())}); {fix}, or set {instead}"
             )
-        entry = cache_entry(cache_dir, model_digest, precision, keep_fp32)
+        # TensorRT takes the plain fp32 graph whatever the precision (its fp16 is its own kernels)
+        built = "fp32" if tensorrt else precision
+        entry = cache_entry(cache_dir, model_digest, built, keep_fp32, fuse=tensorrt is None)
         self.fp32_path = cache_entry(cache_dir, model_digest, "fp32") / "model.onnx"
         self.cache_hit = (entry / "model.onnx").is_file()
         if not self.cache_hit:
             try:
-                _build(model_dir, precision, entry, self.fp32_path.parent, keep_fp32)
+                _build(model_dir, built, entry, self.fp32_path.parent, keep_fp32, fuse=tensorrt is None)
             except (OSError, RuntimeError, ValueError) as exc:
                 raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc
         self.path = entry / "model.onnx"
@@ -318,9 +379,25 @@ class OrtEngine:
         so.inter_op_num_threads = 1
         if not spin:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if device.startswith("cuda"):
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}))
+        device_id = int(device.partition(":")[2] or 0)
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if on_gpu:
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
+        if tensorrt:
+            from ..hardware import gpu
+
+            rows, tokens = tensorrt
+            card = re.sub(r"[^A-Za-z0-9]+", "-", (gpu(device) or {}).get("name", "gpu")).strip("-")
+            engines = entry / "tensorrt" / f"{card}-{precision}-{rows}x{tokens}"  # an engine is built for one card
+            if not engines.is_dir():
+                log.info("building TensorRT engines for up to %d rows x %d tokens (once; cached in %s)",
+                         rows, tokens, engines)  # fmt: skip
+                engines.mkdir(parents=True, exist_ok=True)
+            options = tensorrt_options(engines, precision, device_id, rows, tokens)
+            providers.insert(0, ("TensorrtExecutionProvider", options))
         self._session = ort.InferenceSession(str(self.path), so, providers=providers)
+        if wanted:
+            started(self._session.get_providers(), wanted, device)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
