@@ -38,20 +38,28 @@ def test_a_gpu_provider_this_onnxruntime_lacks_is_refused_before_anything_is_bui
     assert not any(tmp_path.iterdir())  # nothing exported
 
 
-def test_a_session_that_fell_back_from_the_provider_asked_for_is_refused():
-    started(
-        ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-        "TensorrtExecutionProvider",
-        "cuda",
-    )
+def test_a_session_that_fell_back_from_the_provider_asked_for_is_refused(tiny, tmp_path):
+    import warnings
+
+    started(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+            "TensorrtExecutionProvider", "cuda")  # fmt: skip
     started(["CUDAExecutionProvider", "CPUExecutionProvider"], "CUDAExecutionProvider", "cuda:1")
     with pytest.raises(ModelError) as err:
         started(["CUDAExecutionProvider", "CPUExecutionProvider"], "TensorrtExecutionProvider", "cuda")
     msg = str(err.value)
     assert "could not start TensorrtExecutionProvider" in msg and "fell back to CUDAExecutionProvider" in msg
     assert "pip install tensorrt" in msg and "runtime.tensorrt = false" in msg
-    with pytest.raises(ModelError, match="fell back to CPUExecutionProvider.*runtime.engine = torch"):
-        started(["CPUExecutionProvider"], "CUDAExecutionProvider", "cuda")
+    # a real fallback: asked for CUDA where onnxruntime cannot run it, it only warns and runs on the CPU
+    entry = cache_entry(tmp_path, "d", "fp32")
+    _build(str(tiny), "fp32", entry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = ort.InferenceSession(
+            str(entry / "model.onnx"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
+    if "CUDAExecutionProvider" not in session.get_providers():
+        with pytest.raises(ModelError, match="fell back to CPUExecutionProvider.*runtime.engine = torch"):
+            started(session.get_providers(), "CUDAExecutionProvider", "cuda")
 
 
 def test_tensorrt_gets_one_profile_up_to_the_batch_and_its_engines_in_the_compile_cache(tmp_path):

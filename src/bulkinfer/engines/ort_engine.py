@@ -395,9 +395,15 @@ class OrtEngine:
                 engines.mkdir(parents=True, exist_ok=True)
             options = tensorrt_options(engines, precision, device_id, rows, tokens)
             providers.insert(0, ("TensorrtExecutionProvider", options))
-        self._session = ort.InferenceSession(str(self.path), so, providers=providers)
-        if wanted:
-            started(self._session.get_providers(), wanted, device)
+        if not wanted:
+            self._session = ort.InferenceSession(str(self.path), so, providers=providers)
+            return
+        try:  # no silent fallback to another provider, neither here nor in a later run() (onnxruntime's default)
+            self._session = ort.InferenceSession(str(self.path), so, providers=providers, enable_fallback=0)
+        except Exception as exc:  # onnxruntime's own exception types (Fail, EPFail) are not RuntimeErrors
+            cause = " ".join(str(exc).split())[:300]
+            raise ModelError(f"runtime.device = {device}: onnxruntime could not start {wanted} here ({cause})") from exc
+        started(self._session.get_providers(), wanted, device)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
