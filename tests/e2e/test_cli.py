@@ -119,6 +119,7 @@ def test_inspect_of_a_non_output_is_one_line(tmp_path):
             "sees 0 GPU(s) here; set runtime.device = cpu, or run where the GPU and a CUDA build",
         ),
         (["runtime.engine=onnxruntime"], "has no CUDA provider ("),
+        (["runtime.tensorrt=true", "runtime.precision=fp16"], "has no TensorRT provider ("),
         (["runtime.precision=auto"], "sees 0 GPU(s) here"),  # not a calibration where every candidate fails
     ],
 )

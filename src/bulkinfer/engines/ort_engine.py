@@ -357,10 +357,14 @@ class OrtEngine:
         on_gpu = device.startswith("cuda")
         wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider" if on_gpu else ""
         if wanted and wanted not in ort.get_available_providers():
-            fix = "pip install onnxruntime-gpu tensorrt" if tensorrt else "pip install onnxruntime-gpu"
+            name, fix = (
+                ("TensorRT", "pip install onnxruntime-gpu tensorrt")
+                if tensorrt
+                else ("CUDA", "pip install onnxruntime-gpu")
+            )
             instead = "runtime.tensorrt = false" if tensorrt else "runtime.engine = torch"
             raise ModelError(  # before the export: nothing built for a run that cannot start
-                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {wanted} "
+                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {name} provider "
                 f"({', '.join(ort.get_available_providers())}); {fix}, or set {instead}"
             )
         # TensorRT takes the plain fp32 graph whatever the precision (its fp16 is its own kernels)
