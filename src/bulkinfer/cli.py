@@ -343,6 +343,81 @@ def tune(
 
 
 @app.command()
+def machine(
+    device: Annotated[str, typer.Option(help="The GPU device to ask torch about.")] = "cuda",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Also list what bulkinfer tune measured for it here.")
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Config fields, e.g. runtime.cache_dir=...")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """What runs fast on this machine: its CPU's fast-path features, the GPU, the inference libraries, and for
+    each engine and precision whether it runs natively, on weak kernels, emulated, or not at all here."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _setup_logging(quiet=True)
+    from .hardware import survey
+
+    found = survey(device)
+    if model:
+        try:
+            devices = ["cpu", device] if found["gpu"] else ["cpu"]
+            found["tune"] = _measured_here(load_config(None, {"model.name": model}, set_), devices)
+        except BulkinferError as exc:
+            raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(found, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    c, card, libs = found["cpu"], found["gpu"], found["libraries"]
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(f"cpu: {c['model']} x{c['cpus']}; machine kind {found['isa']}")
+    if c.get("unconfirmed"):
+        console.print(f"  /proc/cpuinfo also lists {' '.join(c['unconfirmed'])}: not available to this process")
+    gpu_line = f"{card['name']}, compute capability {card['capability']}, {card['memory_gib']} GiB" if card else "none"
+    console.print(f"gpu ({device}): {gpu_line}")
+    installed = ", ".join(f"{k} {v}" for k, v in libs.items() if k != "onnxruntime_providers")
+    console.print(
+        f"libraries: {installed}; onnxruntime providers: {', '.join(libs['onnxruntime_providers']) or 'none'}"
+    )
+    table = Table(title="engines and precisions here")
+    for col in ("device", "engine", "precision", "here", ""):
+        table.add_column(col)
+    for r in found["precisions"]:
+        table.add_row(r["device"], r["engine"], r["precision"], r["verdict"], r["note"])
+    console.print(table)
+    for where, best in (found.get("tune") or {}).items():
+        console.print(f"bulkinfer tune here ({where}): {best}")
+
+
+def _measured_here(cfg: Any, devices: list[str]) -> dict[str, str]:
+    """What ``bulkinfer tune`` measured for the config's model on this machine kind, on each of
+    ``devices``: the fastest candidate that passed, or that nothing was measured."""
+    from .adapters import resolve_model
+    from .tune import results_path
+
+    digest = resolve_model(cfg).digest
+    out: dict[str, str] = {}
+    for where in devices:
+        rt = cfg.runtime.model_copy(update={"device": where})
+        path = results_path(cfg.model_copy(update={"runtime": rt}), digest)
+        try:
+            candidates = json.loads(path.read_text())["candidates"]
+        except (OSError, ValueError, KeyError):
+            out[where] = "not measured (run bulkinfer tune on this machine)"
+            continue
+        passed = [c for c in candidates if c.get("passed") and c.get("rows_per_s")]
+        best = max(passed, key=lambda c: c["rows_per_s"], default=None)
+        out[where] = (
+            f"{best['engine']} {best['precision']}, batch {best['batch_size']}: {best['rows_per_s']} rows/s"
+            if best
+            else "nothing passed"
+        )
+    return out
+
+
+@app.command()
 def serve(
     config: Annotated[Path | None, typer.Argument(help="Job file (TOML): its model, engine and precision.")] = None,
     model: ModelOption = None,

@@ -37,6 +37,7 @@ __all__ = [
     "parse_cpuinfo",
     "quiet_tokenizers",
     "require_device",
+    "survey",
 ]
 
 # flag in /proc/cpuinfo -> the name bulkinfer reports
@@ -262,3 +263,75 @@ def emulation_warning(device: str, precision: str) -> str | None:
             "7 bits so its kernels do not saturate (gate figures lower than on VNNI machines); the quality gate decides"
         )
     return None
+
+
+def _libraries() -> dict[str, Any]:
+    """The installed inference libraries and what they can run on (imports onnxruntime; torch's
+    CUDA build is read from its version, not by importing it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    libs: dict[str, Any] = {}
+    for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "vllm"):
+        try:
+            libs[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    try:
+        import onnxruntime
+
+        libs["onnxruntime_providers"] = list(onnxruntime.get_available_providers())
+    except ImportError:
+        libs["onnxruntime_providers"] = []
+    return libs
+
+
+def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What runs fast here, for ``bulkinfer machine``: the CPU (:func:`cpu`), the GPU ``device``
+    names (:func:`gpu`; None when torch sees none), the inference libraries, and a verdict for
+    each engine and precision bulkinfer can run: ``native``, ``weak kernels``, ``emulated`` or
+    ``unavailable``, with the line a run would print and what to use instead."""
+    libs = _libraries() if libraries is None else libraries
+    card = gpu(device)
+    providers = libs.get("onnxruntime_providers", [])
+    rows: list[dict[str, Any]] = []
+
+    def add(where: str, engine: str, precision: str, verdict: str, note: str = "") -> None:
+        rows.append({"device": where, "engine": engine, "precision": precision, "verdict": verdict, "note": note})
+
+    add("cpu", "onnxruntime", "fp32", "native", "the default")
+    if emulation_warning("cpu", "int8"):
+        add(
+            "cpu", "onnxruntime", "int8", "weak kernels", "no VNNI: 7-bit weights, lower gate figures; the gate decides"
+        )
+    else:
+        add("cpu", "onnxruntime", "int8", "native", "8-bit weights, through the quality gate")
+    for precision in ("bf16", "fp16"):
+        if emulated("cpu", precision):
+            add(
+                "cpu",
+                "torch",
+                precision,
+                "emulated",
+                f"no {precision} instructions: slower than fp32; use fp32 or int8",
+            )
+        else:
+            add("cpu", "torch", precision, "native", "through the quality gate")
+    if card is None:
+        why = f"torch sees no GPU for runtime.device = {device}"
+        add(device, "torch", "fp32/fp16/bf16", "unavailable", why)
+        return {"cpu": cpu(), "isa": isa_key(), "gpu": None, "libraries": libs, "precisions": rows}
+    add(device, "torch", "fp32", "native", "the GPU default (runtime.engine = auto)")
+    add(device, "torch", "fp16", "native", "through the quality gate")
+    if emulated(device, "bf16"):
+        add(device, "torch", "bf16", "emulated", "no bf16 tensor cores below compute capability 8.0; use fp16")
+    else:
+        add(device, "torch", "bf16", "native", "through the quality gate")
+    for provider, engine, precisions, how in (
+        ("CUDAExecutionProvider", "onnxruntime", "fp32", "pip install onnxruntime-gpu"),
+        ("TensorrtExecutionProvider", "onnxruntime + tensorrt", "fp32/fp16", "pip install onnxruntime-gpu tensorrt"),
+    ):
+        if provider in providers:
+            add(device, engine, precisions, "native", "runtime.tensorrt = true" if "tensorrt" in engine else "")
+        else:
+            add(device, engine, precisions, "unavailable", f"this onnxruntime has no {provider}; {how}")
+    return {"cpu": cpu(), "isa": isa_key(), "gpu": card, "libraries": libs, "precisions": rows}

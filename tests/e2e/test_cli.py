@@ -157,3 +157,33 @@ def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path
     assert not [line for line in lines if "Quantization parameters" in line or "pre-processing" in line], proc.stderr
     assert all(line.startswith("bulkinfer: ") for line in lines), proc.stderr
     assert read_output(tmp_path / "out").num_rows == 40
+
+
+def test_machine_says_what_runs_fast_here_and_what_tune_measured(tmp_path):
+    from bulkinfer import hardware, load_config
+    from bulkinfer.adapters import resolve_model
+    from bulkinfer.tune import results_path
+
+    found = json.loads(cli("machine", "--json", check=True).stdout)
+    assert found["isa"] == hardware.isa_key() and found["cpu"]["features"] == hardware.cpu()["features"]
+    verdicts = {(r["device"], r["precision"]): r["verdict"] for r in found["precisions"]}
+    for precision in ("bf16", "fp16"):
+        assert (verdicts[("cpu", precision)] == "emulated") == hardware.emulated("cpu", precision)
+    assert verdicts[("cpu", "int8")] == ("weak kernels" if hardware.int8_scheme()["reduce_range"] else "native")
+    if hardware.gpu("cuda") is None:
+        assert found["gpu"] is None and verdicts[("cuda", "fp32/fp16/bf16")] == "unavailable"
+    # with a model: the fastest candidate tune measured here that passed its gate (a faster failed one is not it)
+    cache = tmp_path / "cache"
+    cfg = load_config(sets=[f"runtime.cache_dir={cache}", "model.name=minilm"])
+    path = results_path(cfg, resolve_model(cfg).digest)
+    path.parent.mkdir(parents=True)
+    measured = [("onnxruntime", "int8", 16, 420.5, False), ("onnxruntime", "int8", 32, 390.1, True),
+                ("onnxruntime", "fp32", 16, 250.0, True)]  # fmt: skip
+    path.write_text(json.dumps({"candidates": [
+        {"engine": e, "precision": p, "batch_size": b, "rows_per_s": r, "passed": ok} for e, p, b, r, ok in measured
+    ]}))  # fmt: skip
+    proc = cli("machine", "-m", "minilm", "--set", f"runtime.cache_dir={cache}", check=True)
+    assert "bulkinfer tune here (cpu): onnxruntime int8, batch 32: 390.1 rows/s" in proc.stdout
+    assert f"machine kind {hardware.isa_key()}" in proc.stdout and "engines and precisions here" in proc.stdout
+    other = cli("machine", "-m", "minilm", "--json", "--set", f"runtime.cache_dir={tmp_path / 'none'}", check=True)
+    assert json.loads(other.stdout)["tune"]["cpu"] == "not measured (run bulkinfer tune on this machine)"

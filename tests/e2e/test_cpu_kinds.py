@@ -86,3 +86,13 @@ def test_bf16_on_a_cpu_without_bf16_is_warned_as_emulated_before_the_run(tmp_pat
     (line,) = [x for x in log.splitlines() if "bf16 is emulated" in x]
     assert "this CPU (x86_64:avx2) has no bf16 instructions" in line and "use fp32, or int8" in line
     assert report["engine"] == "torch" and report["precision"] == "bf16" and report["rows_out"] == 8
+
+
+def test_machine_shows_the_cpu_the_process_is_given(avx2_env):
+    from bulkinfer.hardware import cpu
+
+    masked = json.loads(cli("machine", "--json", env=avx2_env, check=True).stdout)
+    assert masked["isa"] == "x86_64:avx2" and masked["cpu"]["unconfirmed"] == sorted(set(cpu()["features"]) - {"avx2"})
+    verdicts = {(r["device"], r["precision"]): r["verdict"] for r in masked["precisions"]}
+    assert verdicts[("cpu", "fp32")] == "native" and verdicts[("cpu", "int8")] == "weak kernels"
+    assert verdicts[("cpu", "bf16")] == verdicts[("cpu", "fp16")] == "emulated"

@@ -276,3 +276,45 @@ def test_this_machines_description_is_what_this_process_executes():
     for feature in c["features"]:
         if feature in hardware.RUNTIME_NAMES:
             assert runtime[hardware.RUNTIME_NAMES[feature]], feature
+
+
+@pytest.mark.parametrize(
+    ("text", "arch", "card", "providers", "expect"),
+    [
+        (AVX2, "x86_64", None, ["CPUExecutionProvider"], {
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "weak kernels",
+            ("cpu", "torch", "bf16"): "emulated", ("cpu", "torch", "fp16"): "emulated",
+            ("cuda", "torch", "fp32/fp16/bf16"): "unavailable"}),
+        (SAPPHIRE, "x86_64", T4, ["CUDAExecutionProvider", "CPUExecutionProvider"], {
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
+            ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
+            ("cuda", "torch", "bf16"): "emulated", ("cuda", "onnxruntime", "fp32"): "native",
+            ("cuda", "onnxruntime + tensorrt", "fp32/fp16"): "unavailable"}),
+        (GRAVITON, "aarch64", H100, ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"], {
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
+            ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
+            ("cuda", "torch", "bf16"): "native", ("cuda", "onnxruntime", "fp32"): "native",
+            ("cuda", "onnxruntime + tensorrt", "fp32/fp16"): "native"}),
+    ],
+)  # fmt: skip
+def test_the_survey_gives_each_engine_and_precision_its_verdict_per_machine_kind(
+    monkeypatch, text, arch, card, providers, expect
+):
+    monkeypatch.setattr(hardware, "cpu", lambda: {**hardware.parse_cpuinfo(text, arch), "cpus": 4})
+    monkeypatch.setattr(hardware, "gpu", lambda device: card if device.startswith("cuda") else None)
+    found = hardware.survey("cuda", {"torch": "2.13.0", "onnxruntime_providers": providers})
+    assert {(r["device"], r["engine"], r["precision"]): r["verdict"] for r in found["precisions"]} == expect
+    assert found["isa"] == hardware.isa_key() and found["gpu"] == card
+    notes = {(r["device"], r["precision"]): r["note"] for r in found["precisions"]}
+    if text == AVX2:
+        assert notes[("cpu", "int8")].startswith("no VNNI: 7-bit weights")
+        assert notes[("cpu", "bf16")] == "no bf16 instructions: slower than fp32; use fp32 or int8"
+    if card == T4:
+        assert "use fp16" in notes[("cuda", "bf16")]
+        tensorrt = next(r for r in found["precisions"] if "tensorrt" in r["engine"])
+        assert (
+            tensorrt["note"]
+            == "this onnxruntime has no TensorrtExecutionProvider; pip install onnxruntime-gpu tensorrt"
+        )
