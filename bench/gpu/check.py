@@ -5,7 +5,8 @@ Usage: python bench/gpu/check.py --device cuda [--rows 100000] [--out DIR]
        the same steps on this CPU, small, to check the script before spending device time)
 
 Steps, each timed and bounded, each going on when an earlier one failed:
-1. the machine: CPU and flags, the GPU as bulkinfer sees it (report.json's machine.gpu), torch/CUDA;
+1. the machine: CPU and flags, the GPU as bulkinfer sees it (report.json's machine.gpu), torch/CUDA,
+   and ``bulkinfer machine``'s verdict per engine and precision;
 2. the same 2,000 rows embedded by bulkinfer on the device and on the CPU, both fp32 (torch):
    per-row cosine, target min >= 0.9999;
 3. the anchors on the device: the sentence-transformers script at batch 32 (what a user
@@ -92,11 +93,13 @@ class Check:
     def machine(self) -> None:
         import torch
 
-        from bulkinfer.hardware import cpu, gpu, isa_key
+        from bulkinfer.hardware import cpu, gpu, isa_key, survey
 
         c = cpu()
         info = {"cpu": c["model"], "cpus": c["cpus"], "cpu_flags": c["features"], "isa": isa_key(),
-                "gpu": gpu(self.device), "torch": torch.__version__, "cuda": torch.version.cuda}  # fmt: skip
+                "gpu": gpu(self.device), "torch": torch.__version__, "cuda": torch.version.cuda,
+                "bulkinfer_machine": {f"{r['device']} {r['engine']} {r['precision']}": r["verdict"]
+                                      for r in survey(self.device)["precisions"]}}  # fmt: skip
         if shutil.which("nvidia-smi"):
             q = "name,driver_version,memory.total,clocks.max.sm"
             info["nvidia_smi"] = self.sh("nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader").strip()
