@@ -11,7 +11,8 @@ bf16 has tensor cores from compute capability 8.0 (A100, L4, H100) and is emulat
 
 Used by ``report.json`` (``machine``), the compiled-model cache and ``tune``'s measurements
 (both keyed by :func:`isa_key`, tune's by :func:`gpu` too, so nothing made for one kind of
-machine is reused on another), the warnings before a run, and the benchmarks' output.
+machine is reused on another), the warnings before a run, the benchmarks' output, and
+``bulkinfer machine`` (:func:`survey`).
 """
 
 from __future__ import annotations
@@ -287,15 +288,14 @@ def _libraries() -> dict[str, Any]:
 
 def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dict[str, Any]:
     """What runs fast here, for ``bulkinfer machine``: the CPU (:func:`cpu`), the GPU ``device``
-    names (:func:`gpu`; None when torch sees none), the inference libraries, and a verdict for
-    each engine and precision bulkinfer can run: ``native``, ``weak kernels``, ``emulated`` or
-    ``unavailable``, with the line a run would print and what to use instead."""
+    names (:func:`gpu`; None when torch sees none), the inference libraries (``libraries``
+    injects them), and a verdict for each engine and precision bulkinfer can run: ``native``,
+    ``weak kernels``, ``emulated`` or ``unavailable``, with a note on why and what to use instead."""
     libs = _libraries() if libraries is None else libraries
     card = gpu(device)
-    providers = libs.get("onnxruntime_providers", [])
     rows: list[dict[str, Any]] = []
 
-    def add(where: str, engine: str, precision: str, verdict: str, note: str = "") -> None:
+    def add(where: str, engine: str, precision: str, verdict: str, note: str) -> None:
         rows.append({"device": where, "engine": engine, "precision": precision, "verdict": verdict, "note": note})
 
     add("cpu", "onnxruntime", "fp32", "native", "the default")
@@ -306,32 +306,26 @@ def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dic
     else:
         add("cpu", "onnxruntime", "int8", "native", "8-bit weights, through the quality gate")
     for precision in ("bf16", "fp16"):
-        if emulated("cpu", precision):
-            add(
-                "cpu",
-                "torch",
-                precision,
-                "emulated",
-                f"no {precision} instructions: slower than fp32; use fp32 or int8",
-            )
-        else:
-            add("cpu", "torch", precision, "native", "through the quality gate")
+        slow = f"no {precision} instructions: slower than fp32; use fp32 or int8"
+        add("cpu", "torch", precision, *(("emulated", slow) if emulated("cpu", precision) else ("native", "gated")))
     if card is None:
-        why = f"torch sees no GPU for runtime.device = {device}"
-        add(device, "torch", "fp32/fp16/bf16", "unavailable", why)
-        return {"cpu": cpu(), "isa": isa_key(), "gpu": None, "libraries": libs, "precisions": rows}
-    add(device, "torch", "fp32", "native", "the GPU default (runtime.engine = auto)")
-    add(device, "torch", "fp16", "native", "through the quality gate")
-    if emulated(device, "bf16"):
-        add(device, "torch", "bf16", "emulated", "no bf16 tensor cores below compute capability 8.0; use fp16")
+        add(device, "torch", "fp32/fp16/bf16", "unavailable", f"torch sees no GPU for runtime.device = {device}")
     else:
-        add(device, "torch", "bf16", "native", "through the quality gate")
-    for provider, engine, precisions, how in (
-        ("CUDAExecutionProvider", "onnxruntime", "fp32", "pip install onnxruntime-gpu"),
-        ("TensorrtExecutionProvider", "onnxruntime + tensorrt", "fp32/fp16", "pip install onnxruntime-gpu tensorrt"),
-    ):
-        if provider in providers:
-            add(device, engine, precisions, "native", "runtime.tensorrt = true" if "tensorrt" in engine else "")
-        else:
-            add(device, engine, precisions, "unavailable", f"this onnxruntime has no {provider}; {how}")
+        add(device, "torch", "fp32", "native", "the GPU default (runtime.engine = auto)")
+        add(device, "torch", "fp16", "native", "gated")
+        no_bf16 = "no bf16 tensor cores below compute capability 8.0; use fp16"
+        add(device, "torch", "bf16", *(("emulated", no_bf16) if emulated(device, "bf16") else ("native", "gated")))
+        for provider, engine, precisions, how in (
+            ("CUDAExecutionProvider", "onnxruntime", "fp32", "pip install onnxruntime-gpu"),
+            (
+                "TensorrtExecutionProvider",
+                "onnxruntime + tensorrt",
+                "fp32/fp16",
+                "pip install onnxruntime-gpu tensorrt",
+            ),
+        ):
+            if provider in libs.get("onnxruntime_providers", []):
+                add(device, engine, precisions, "native", "runtime.tensorrt = true" if "tensorrt" in engine else "")
+            else:
+                add(device, engine, precisions, "unavailable", f"this onnxruntime has no {provider}; {how}")
     return {"cpu": cpu(), "isa": isa_key(), "gpu": card, "libraries": libs, "precisions": rows}
