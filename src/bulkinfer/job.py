@@ -197,8 +197,9 @@ def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunRe
                 stats.drift = drift_against(baseline, stats, job.cfg)
             engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
             report = write_report(
-                job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine, _bytes(ledger)
-            )
+                job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine, _bytes(ledger),
+                runs_on=getattr(job.adapter, "runs_on", None),
+            )  # fmt: skip
             if status == "interrupted":
                 lineage.abort(report)
             elif status == "failed":

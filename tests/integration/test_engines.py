@@ -45,9 +45,9 @@ def _emb(corpus, out):
 def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_path, minilm_path):
     cache = tmp_path / "cache"
     torch_run = _run(corpus, "torch", cache, **{"runtime.engine": "torch"})
-    assert torch_run.report["engine"] == "torch"
+    assert torch_run.report["engine"] == "torch" and torch_run.report["runs_on"] == "torch cpu"
     first = _run(corpus, "ort", cache)  # auto on CPU: onnxruntime
-    assert first.report["engine"] == "onnxruntime"
+    assert first.report["engine"] == "onnxruntime" and first.report["runs_on"] == "onnxruntime CPUExecutionProvider"
     entries = list((cache / "onnx").iterdir())
     assert len(entries) == 1 and (entries[0] / "model.onnx").is_file()
     figures = compare_embeddings(_emb(corpus, "torch"), _emb(corpus, "ort"))

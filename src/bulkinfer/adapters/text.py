@@ -121,6 +121,7 @@ class TextEmbeddingAdapter(Adapter):
         self.max_seq_length = max_seq_length or self.layout.max_seq_length
         self._tokenizer: Any = None
         self._engine: Any = None
+        self.runs_on: str | None = None  # the engine and provider or device it ran on, once set up
         self.dimension: int | None = None
 
     def setup(self, ctx: SetupContext) -> None:
@@ -157,6 +158,7 @@ class TextEmbeddingAdapter(Adapter):
             keep_fp32=self.int8_fp32_groups,
             tensorrt=(self.tensorrt_rows, self.max_seq_length or 512) if self.tensorrt_rows else None,
         )
+        self.runs_on = getattr(self._engine, "runs_on", None)
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:
         texts = table.column(self.text_column).to_pylist()

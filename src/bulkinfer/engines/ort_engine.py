@@ -401,6 +401,7 @@ class OrtEngine:
             providers.insert(0, ("TensorrtExecutionProvider", options))
         if not wanted:
             self._session = ort.InferenceSession(str(self.path), so, providers=providers)
+            self.runs_on = "onnxruntime CPUExecutionProvider"
             return
         try:  # no silent fallback to another provider, neither here nor in a later run() (onnxruntime's default)
             self._session = ort.InferenceSession(str(self.path), so, providers=providers, enable_fallback=0)
@@ -408,6 +409,7 @@ class OrtEngine:
             cause = " ".join(str(exc).split())[:300]
             raise ModelError(f"runtime.device = {device}: onnxruntime could not start {wanted} here ({cause})") from exc
         started(self._session.get_providers(), wanted, device)
+        self.runs_on = f"onnxruntime {wanted} ({device})"  # what report.json says ran
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]

@@ -42,6 +42,7 @@ class TorchEngine:
             raise ModelError(f"{model_dir}: cannot load the transformer ({exc})") from exc
         self._torch = torch
         self._device = torch.device(device)
+        self.runs_on = f"torch {device}"  # what report.json says ran
         self._gpu = self._device.type == "cuda"
         self._model = model.to(self._device).eval()
 

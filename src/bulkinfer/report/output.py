@@ -45,9 +45,12 @@ def write_report(
     engine: str,
     output_bytes: int = 0,
     started_at: float | None = None,
+    runs_on: str | None = None,
 ) -> dict[str, Any]:
     """Write ``report.json``, ``metrics.prom``, ``stats.json`` and this run's entry in ``runs/``
-    (what ``bulkinfer costs`` adds up); return the report (also when writing failed)."""
+    (what ``bulkinfer costs`` adds up); return the report (also when writing failed). ``runs_on``:
+    the engine and its provider or device as set up in this process (None when the model was not
+    set up here: a Ray run's workers hold it)."""
     started_at = time.time() - stats.wall_s if started_at is None else started_at
     price, price_source = instance_price(cfg)
     report = {
@@ -55,6 +58,7 @@ def write_report(
         "job_fingerprint": fingerprint,
         "model_kind": kind,
         "engine": engine,
+        "runs_on": runs_on,
         "precision": cfg.runtime.precision,
         "batch_size": cfg.runtime.batch_size,
         "max_tokens": cfg.runtime.max_tokens,
