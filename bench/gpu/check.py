@@ -182,6 +182,7 @@ class Check:
             q = rep.get("quality") or {}
             results[name] = {
                 "rows_per_s": rep["rows_per_s"], "ran": f"{rep['engine']} {rep['precision']} batch {rep['batch_size']}",
+                "runs_on": rep.get("runs_on"),
                 "vs_anchors": {k: round(rep["rows_per_s"] / v, 2) for k, v in anchors.items()},
                 "time_share": rep["time_share"], "padding_ratio": rep["batches"]["padding_ratio"],
                 "quality": {k: q[k] for k in ("mean_cosine", "min_cosine", "top10_overlap") if k in q} or None,
@@ -266,6 +267,7 @@ class Check:
             q = rep.get("quality") or {}
             fig[name] = {
                 "rows_per_s": rep["rows_per_s"],
+                "runs_on": rep.get("runs_on"),
                 "vs_script_32": round(rep["rows_per_s"] / base, 2) if base else None,
                 "quality": {k: q[k] for k in ("mean_cosine", "min_cosine") if k in q} or None,
             }
