@@ -393,10 +393,10 @@ class OrtEngine:
             rows, tokens = tensorrt
             card = re.sub(r"[^A-Za-z0-9]+", "-", (gpu(device) or {}).get("name", "gpu")).strip("-")
             engines = entry / "tensorrt" / f"{card}-{precision}-{rows}x{tokens}"  # an engine is built for one card
-            if not engines.is_dir():
+            engines.mkdir(parents=True, exist_ok=True)
+            if not any(engines.iterdir()):  # empty also after a start that failed
                 log.info("building TensorRT engines for up to %d rows x %d tokens (once; cached in %s)",
                          rows, tokens, engines)  # fmt: skip
-                engines.mkdir(parents=True, exist_ok=True)
             options = tensorrt_options(engines, precision, device_id, rows, tokens)
             providers.insert(0, ("TensorrtExecutionProvider", options))
         if not wanted:
