@@ -361,7 +361,11 @@ def machine(
     if model:
         try:
             devices = ["cpu", device] if found["gpu"] else ["cpu"]
-            found["tune"] = _measured_here(load_config(None, {"model.name": model}, set_), devices)
+            from .adapters import resolve_model
+            from .tune import best_measured
+
+            cfg = load_config(None, {"model.name": model}, set_)
+            found["tune"] = best_measured(cfg, resolve_model(cfg).digest, devices)
         except BulkinferError as exc:
             raise _fail(exc) from None
     if as_json:
@@ -389,32 +393,6 @@ def machine(
     console.print(table)
     for where, best in (found.get("tune") or {}).items():
         console.print(f"bulkinfer tune here ({where}): {best}")
-
-
-def _measured_here(cfg: Any, devices: list[str]) -> dict[str, str]:
-    """What ``bulkinfer tune`` measured for the config's model on this machine kind, on each of
-    ``devices``: the fastest candidate that passed, or that nothing was measured."""
-    from .adapters import resolve_model
-    from .tune import results_path
-
-    digest = resolve_model(cfg).digest
-    out: dict[str, str] = {}
-    for where in devices:
-        rt = cfg.runtime.model_copy(update={"device": where})
-        path = results_path(cfg.model_copy(update={"runtime": rt}), digest)
-        try:
-            candidates = json.loads(path.read_text())["candidates"]
-        except (OSError, ValueError, KeyError):
-            out[where] = "not measured (run bulkinfer tune on this machine)"
-            continue
-        passed = [c for c in candidates if c.get("passed") and c.get("rows_per_s")]
-        best = max(passed, key=lambda c: c["rows_per_s"], default=None)
-        out[where] = (
-            f"{best['engine']} {best['precision']}, batch {best['batch_size']}: {best['rows_per_s']} rows/s"
-            if best
-            else "nothing passed"
-        )
-    return out
 
 
 @app.command()

@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "CPU_FEATURES",
+    "ORT_GPU_PROVIDERS",
     "RUNTIME_NAMES",
     "confirm",
     "cpu",
@@ -266,6 +267,13 @@ def emulation_warning(device: str, precision: str) -> str | None:
     return None
 
 
+# onnxruntime's GPU providers bulkinfer uses -> (its name, how to install it, the setting to use instead)
+ORT_GPU_PROVIDERS = {
+    "CUDAExecutionProvider": ("CUDA", "pip install onnxruntime-gpu", "runtime.engine = torch"),
+    "TensorrtExecutionProvider": ("TensorRT", "pip install onnxruntime-gpu tensorrt", "runtime.tensorrt = false"),
+}
+
+
 def _libraries() -> dict[str, Any]:
     """The installed inference libraries and what they can run on (imports onnxruntime; torch's
     CUDA build is read from its version, not by importing it)."""
@@ -316,16 +324,12 @@ def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dic
         no_bf16 = "no bf16 tensor cores below compute capability 8.0; use fp16"
         add(device, "torch", "bf16", *(("emulated", no_bf16) if emulated(device, "bf16") else ("native", "gated")))
         for provider, engine, precisions, how in (
-            ("CUDAExecutionProvider", "onnxruntime", "fp32", "pip install onnxruntime-gpu"),
-            (
-                "TensorrtExecutionProvider",
-                "onnxruntime + tensorrt",
-                "fp32/fp16",
-                "pip install onnxruntime-gpu tensorrt",
-            ),
+            ("CUDAExecutionProvider", "onnxruntime", "fp32", ""),
+            ("TensorrtExecutionProvider", "onnxruntime + tensorrt", "fp32/fp16", "runtime.tensorrt = true"),
         ):
             if provider in libs.get("onnxruntime_providers", []):
-                add(device, engine, precisions, "native", "runtime.tensorrt = true" if "tensorrt" in engine else "")
+                add(device, engine, precisions, "native", how)
             else:
-                add(device, engine, precisions, "unavailable", f"this onnxruntime has no {provider}; {how}")
+                install = ORT_GPU_PROVIDERS[provider][1]
+                add(device, engine, precisions, "unavailable", f"this onnxruntime has no {provider}; {install}")
     return {"cpu": cpu(), "isa": isa_key(), "gpu": card, "libraries": libs, "precisions": rows}

@@ -35,7 +35,16 @@ from .sources.files import use_storage_options
 
 log = logging.getLogger("bulkinfer")
 
-__all__ = ["Candidate", "TuneResult", "auto_batch_size", "auto_precision", "results_path", "to_toml", "tune"]
+__all__ = [
+    "Candidate",
+    "TuneResult",
+    "auto_batch_size",
+    "auto_precision",
+    "best_measured",
+    "results_path",
+    "to_toml",
+    "tune",
+]
 
 PRECISIONS = (
     ("onnxruntime", "fp32"),
@@ -348,6 +357,28 @@ def results_path(cfg: JobConfig, model_digest: str) -> Path:
     # the export's version too: figures measured on an older graph are not this one's
     key = hashlib.sha256(f"{_machine()}|{where}|export {EXPORT}".encode()).hexdigest()[:12]
     return root / "tune" / f"{model_digest[:16]}-{key}.json"
+
+
+def best_measured(cfg: JobConfig, model_digest: str, devices: list[str]) -> dict[str, str]:
+    """For ``bulkinfer machine``: what ``tune`` measured for the model on this machine kind, on
+    each of ``devices``: the fastest candidate that passed, or that nothing was measured."""
+    out: dict[str, str] = {}
+    for where in devices:
+        rt = cfg.runtime.model_copy(update={"device": where})
+        path = results_path(cfg.model_copy(update={"runtime": rt}), model_digest)
+        try:
+            candidates = json.loads(path.read_text())["candidates"]
+        except (OSError, ValueError, KeyError):
+            out[where] = "not measured (run bulkinfer tune on this machine)"
+            continue
+        passed = [c for c in candidates if c.get("passed") and c.get("rows_per_s")]
+        best = max(passed, key=lambda c: c["rows_per_s"], default=None)
+        out[where] = (
+            f"{best['engine']} {best['precision']}, batch {best['batch_size']}: {best['rows_per_s']} rows/s"
+            if best
+            else "nothing passed"
+        )
+    return out
 
 
 def _save(path: Path, result: TuneResult) -> None:

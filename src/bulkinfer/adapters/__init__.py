@@ -255,7 +255,9 @@ def _tensorrt_rows(rt: RuntimeConfig) -> int | None:
         return None
     if "batch_size" not in rt.model_fields_set:
         return GPU_TEXT_BATCH
-    return rt.batch_size if isinstance(rt.batch_size, int) else 1024
+    from ..tune import GPU_BATCH_SIZES
+
+    return rt.batch_size if isinstance(rt.batch_size, int) else max(GPU_BATCH_SIZES)
 
 
 def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError
-from ..hardware import int8_scheme, isa_key
+from ..hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
 
 __all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
 
@@ -320,13 +320,15 @@ def started(providers: Sequence[str], wanted: str, device: str) -> None:
     do not load, and a GPU job must not run on the CPU, or a TensorRT job without TensorRT, unseen."""
     if providers and providers[0] == wanted:
         return
-    if wanted == "TensorrtExecutionProvider":
-        fix = "install the TensorRT libraries it was built for (pip install tensorrt), or set runtime.tensorrt = false"
-    else:
-        fix = "install the CUDA and cuDNN libraries it was built for, or set runtime.engine = torch"
+    _name, _install, instead = ORT_GPU_PROVIDERS[wanted]
+    libraries = (
+        "TensorRT libraries it was built for (pip install tensorrt)"
+        if wanted == "TensorrtExecutionProvider"
+        else "CUDA and cuDNN libraries it was built for"
+    )
     raise ModelError(
         f"runtime.device = {device}: onnxruntime could not start {wanted} here and fell back to "
-        f"{', '.join(providers) or 'nothing'} (its log above says why); {fix}"
+        f"{', '.join(providers) or 'nothing'} (its log above says why); install the {libraries}, or set {instead}"
     )
 
 
@@ -357,15 +359,10 @@ class OrtEngine:
         on_gpu = device.startswith("cuda")
         wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider" if on_gpu else ""
         if wanted and wanted not in ort.get_available_providers():
-            name, fix = (
-                ("TensorRT", "pip install onnxruntime-gpu tensorrt")
-                if tensorrt
-                else ("CUDA", "pip install onnxruntime-gpu")
-            )
-            instead = "runtime.tensorrt = false" if tensorrt else "runtime.engine = torch"
+            name, install, instead = ORT_GPU_PROVIDERS[wanted]
             raise ModelError(  # before the export: nothing built for a run that cannot start
                 f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {name} provider "
-                f"({', '.join(ort.get_available_providers())}); {fix}, or set {instead}"
+                f"({', '.join(ort.get_available_providers())}); {install}, or set {instead}"
             )
         # TensorRT takes the plain fp32 graph whatever the precision (its fp16 is its own kernels)
         built = "fp32" if tensorrt else precision
@@ -401,15 +398,17 @@ class OrtEngine:
             providers.insert(0, ("TensorrtExecutionProvider", options))
         if not wanted:
             self._session = ort.InferenceSession(str(self.path), so, providers=providers)
-            self.runs_on = "onnxruntime CPUExecutionProvider"
-            return
-        try:  # no silent fallback to another provider, neither here nor in a later run() (onnxruntime's default)
-            self._session = ort.InferenceSession(str(self.path), so, providers=providers, enable_fallback=0)
-        except Exception as exc:  # onnxruntime's own exception types (Fail, EPFail) are not RuntimeErrors
-            cause = " ".join(str(exc).split())[:300]
-            raise ModelError(f"runtime.device = {device}: onnxruntime could not start {wanted} here ({cause})") from exc
-        started(self._session.get_providers(), wanted, device)
-        self.runs_on = f"onnxruntime {wanted} ({device})"  # what report.json says ran
+        else:
+            try:  # no silent fallback to another provider, here or in a later run() (onnxruntime's default)
+                self._session = ort.InferenceSession(str(self.path), so, providers=providers, enable_fallback=0)
+            except Exception as exc:  # onnxruntime's own exception types (Fail, EPFail) are not RuntimeErrors
+                cause = " ".join(str(exc).split())[:300]
+                raise ModelError(
+                    f"runtime.device = {device}: onnxruntime could not start {wanted} here ({cause})"
+                ) from exc
+            started(self._session.get_providers(), wanted, device)
+        ran = self._session.get_providers()[0]
+        self.runs_on = f"onnxruntime {ran}" + (f" ({device})" if on_gpu else "")  # what report.json says ran
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
