@@ -247,6 +247,17 @@ def run(
         typer.echo(f"cost: {r['cost']['per_million_rows']:.4f} {r['cost']['currency']} per million rows")
 
 
+def _kept(groups: list[str]) -> str:
+    """What an int8 candidate keeps in fp32, in a few words: "outlier channels + 2 blocks"."""
+    from .engines.int8 import OUTLIERS
+
+    blocks = [g for g in groups if g != OUTLIERS]
+    words = ["outlier channels"] if OUTLIERS in groups else []
+    if blocks:
+        words.append(f"{len(blocks)} block{'s' if len(blocks) > 1 else ''}")
+    return " + ".join(words)
+
+
 @app.command()
 def tune(
     config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
@@ -315,7 +326,7 @@ def tune(
         q = c.quality or {}
         table.add_row(
             c.engine,
-            c.precision + (f" ({len(c.int8_fp32_groups)} blocks fp32)" if c.int8_fp32_groups else ""),
+            c.precision + (f" ({_kept(c.int8_fp32_groups)} fp32)" if c.int8_fp32_groups else ""),
             str(c.batch_size),
             str(c.threads),
             str(c.processes) + (f" ({c.cpu_per_wall} CPU s/s)" if c.cpu_per_wall is not None else ""),

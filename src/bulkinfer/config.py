@@ -143,9 +143,10 @@ class RuntimeConfig(_Section):
     cache_dir: str | None = None
     """Where compiled models are cached; default $BULKINFER_CACHE or ~/.cache/bulkinfer."""
     int8_fp32_groups: list[str] | None = None
-    """int8: the transformer's groups kept in fp32 (layer.0/output, layer.2/attention...); None: full int8, or
-    when that fails the quality gate, the fewest most-sensitive groups that pass it, found on the job's rows
-    and cached per model, machine kind and floor."""
+    """int8: the transformer's groups kept in fp32 (layer.0/output, layer.2/attention..., and
+    "outlier-channels": each feed-forward block's largest channels); None: full int8, or when that fails the
+    quality gate, the outlier channels then the fewest most-sensitive blocks that pass it, found on the job's
+    rows and cached per model, machine kind and floor."""
     quality_floor: float = Field(default=0.99, ge=-1, le=1)
     """A lowered precision must keep the mean cosine to fp32 on the job's own rows at least this high."""
     quality_sample_rows: int = Field(default=512, ge=2)

@@ -215,7 +215,7 @@ def partial_int8(
     import time
 
     from .engines import default_cache_dir
-    from .engines.int8 import save_plan, search, sensitivities
+    from .engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
     from .hardware import int8_scheme
 
     rt = cfg.runtime
@@ -225,8 +225,12 @@ def partial_int8(
     reference.close()
     features = adapter.preprocess(sample.slice(0, 64))
     batches = [adapter.select(features, np.arange(i, min(i + 16, len(features)))) for i in range(0, len(features), 16)]
-    sens = sensitivities(adapter._engine.fp32_path, batches, int8_scheme()["reduce_range"], threads)
-    order = sorted(sens, key=lambda g: -sens[g])
+    fp32_path = adapter._engine.fp32_path
+    # first the feed-forward blocks' outlier channels (cheap, and data-free), then whole blocks
+    # by sensitivity, measured with those channels already out of int8
+    channels = outlier_channels(fp32_path, str(adapter.layout.transformer_dir), threads)
+    sens = sensitivities(fp32_path, batches, int8_scheme()["reduce_range"], threads, exact=channels)
+    order = ([OUTLIERS] if channels else []) + sorted(sens, key=lambda g: -sens[g])
     seconds: dict[int, float] = {}
     found: dict[int, dict[str, float]] = {}
 
@@ -241,7 +245,7 @@ def partial_int8(
     result = search(order, score, rt.quality_floor)
     steps = [{**s, "seconds": round(seconds[s["fp32_groups"]], 3)} for s in result.steps]
     figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": failed.figures.get("mean_cosine"),
-               "int8_search": steps, "sensitivity": {g: round(sens[g], 5) for g in order}}  # fmt: skip
+               "int8_search": steps, "sensitivity": {g: round(sens[g], 5) for g in order if g in sens}}  # fmt: skip
     if result.keep_fp32 is None:
         adapter.reload_engine([])
         tried = "; ".join(f"{s['fp32_groups']} of {len(order)} groups in fp32: {s['mean_cosine']}" for s in steps)

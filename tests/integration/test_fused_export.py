@@ -113,3 +113,78 @@ def test_a_fused_graph_that_differs_from_the_plain_one_is_not_kept(tiny, tmp_pat
     monkeypatch.setattr(ort_engine, "_probe", lambda vocab: left)
     assert _fuse(raw, tmp_path / "wrong.onnx", shape) is None
     assert not (tmp_path / "wrong.onnx").exists()
+
+
+def test_the_feed_forward_outlier_channels_run_in_fp32_beside_an_int8_rest(tiny, tmp_path):
+    """``outlier-channels``: each feed-forward block's channel with the largest activation on
+    the probe (1 of the tiny model's 64) goes through its own fp32 MatMul -> BiasGelu -> MatMul;
+    the split graph computes the same function, its int8 build keeps those MatMuls in fp32, and
+    it is closer to fp32 than full int8 where the outliers dominate the activation's scale."""
+    import onnx
+    import onnxruntime as ort
+
+    from bulkinfer.engines.int8 import OUTLIERS, ffn_blocks, outlier_channels, sensitivities, split_outliers
+
+    fp32 = _engine(tiny, tmp_path, "fp32")
+    graph = onnx.load(str(fp32.path)).graph
+    blocks = ffn_blocks(graph)
+    assert [second.name for _, _, second in blocks] == [f"/inner/encoder/layer.{i}/output/dense/MatMul" for i in (0, 1)]
+    channels = outlier_channels(fp32.path, str(tiny))
+    assert set(channels) == {second.name for _, _, second in blocks}
+    assert all(len(c) == 1 and 0 <= c[0] < 64 for c in channels.values())
+    # the channel found is the one whose activation peaks highest on the same probe
+    from bulkinfer.engines.int8 import _probe_rows
+
+    probe = _probe_rows(str(tiny))
+    assert len(probe) == 64 and all(row[0] == 101 and row[-1] == 102 for row in probe)  # [CLS] ... [SEP]
+    exposed = onnx.load(str(fp32.path))
+    gelus = [gelu.output[0] for _, gelu, _ in blocks]
+    exposed.graph.output.extend(onnx.helper.make_tensor_value_info(g, onnx.TensorProto.FLOAT, None) for g in gelus)
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    peak = [np.zeros(64), np.zeros(64)]
+    for row in probe:
+        ids = np.array([row], dtype=np.int64)
+        for i, value in enumerate(session.run(gelus, {"input_ids": ids, "attention_mask": np.ones_like(ids)})):
+            peak[i] = np.maximum(peak[i], np.abs(value[0]).max(axis=0))
+    assert [channels[second.name] for _, _, second in blocks] == [[int(np.argmax(p))] for p in peak]
+
+    # the split graph is the same function
+    model = onnx.load(str(fp32.path))
+    kept = split_outliers(model, channels)
+    assert kept == [
+        f"/inner/encoder/layer.{i}/output/dense/MatMul/outliers/MatMul_{w}" for i in (0, 1) for w in ("in", "out")
+    ]
+    split = tmp_path / "split.onnx"
+    onnx.save(model, str(split))
+    ids, mask = _rows()
+    plain = fp32.forward(ids, mask)
+    got = ort.InferenceSession(str(split), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "attention_mask": mask}
+    )[0]
+    real = mask.astype(bool)
+    assert np.abs(got[real] - plain[real]).max() <= 1e-5 * np.abs(plain[real]).max()
+    assert not any(n.op_type == "MatMul" and n.input[1] in {b[2].input[1] for b in blocks} for n in model.graph.node)
+
+    # int8 with the outliers kept: their MatMuls stay MatMul, everything else is int8
+    int8 = _engine(tiny, tmp_path, "int8")
+    both = _engine(tiny, tmp_path, "int8", (OUTLIERS,))
+    names = {n.name: n.op_type for n in onnx.load(str(both.path)).graph.node}
+    assert all(names[k] == "MatMul" for k in kept) and list(names.values()).count("MatMul") == 4
+    assert list(names.values()).count("QAttention") == 2
+    meta = json.loads((both.path.parent / "meta.json").read_text())
+    assert meta["fp32_groups"] == [OUTLIERS]
+    assert meta["outlier_channels"] == {f"layer.{i}": channels[b[2].name] for i, b in enumerate(blocks)}
+    assert both.path.parent != int8.path.parent
+    cos = {}
+    for name, engine in (("int8", int8), ("outliers", both)):
+        out = engine.forward(ids, mask)[real]
+        cos[name] = float(
+            np.mean(np.sum(out * plain[real], 1) / np.linalg.norm(out, axis=1) / np.linalg.norm(plain[real], axis=1))
+        )
+    assert cos["outliers"] > cos["int8"]
+    # the sensitivity pass sees the output blocks with those channels out of int8: less error
+    batch = {"input_ids": ids, "attention_mask": mask}
+    full = sensitivities(fp32.path, [batch], reduce_range=True, threads=1)
+    less = sensitivities(fp32.path, [batch], reduce_range=True, threads=1, exact=channels)
+    assert all(less[f"layer.{i}/output"] < full[f"layer.{i}/output"] for i in (0, 1))
+    assert all(less[g] == full[g] for g in full if not g.endswith("/output"))

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from bulkinfer import QualityGateError, load_config, run_job
+from bulkinfer.engines.int8 import OUTLIERS
 
 from helpers import make_catalog, read_output, tiny_st_model, write
 
@@ -41,9 +42,10 @@ def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them
     q = first.report["quality"]
     keep = q["int8_fp32_groups"]
     assert q["passed"] and q["mean_cosine"] >= floor and q["full_int8_mean_cosine"] == full
-    assert 1 <= len(keep) < 6 and set(keep) <= set(q["sensitivity"])
+    # first the feed-forward blocks' outlier channels, then the most sensitive blocks
+    assert keep[0] == OUTLIERS and 1 <= len(keep) < 7 and set(keep[1:]) <= set(q["sensitivity"])
     order = sorted(q["sensitivity"], key=lambda g: -q["sensitivity"][g])
-    assert keep == order[: len(keep)]  # the most sensitive blocks
+    assert keep[1:] == order[: len(keep) - 1]
     fewer = [s for s in q["int8_search"] if s["fp32_groups"] < len(keep)]
     assert not any(s["passed"] for s in fewer)  # no smaller set passed (full int8 did not: full < floor)
     assert first.report["rows_out"] == 120
@@ -60,7 +62,8 @@ def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
     msg = str(err.value)
     assert "even with its most sensitive parts kept in fp32" in msg and "floor 0.99999999" in msg
     steps = err.value.figures["int8_search"]
-    assert [s["fp32_groups"] for s in steps] == [1, 2, 4, 5] and not any(s["passed"] for s in steps)
+    # the outlier channels and 6 blocks: 7 groups, of which at most 6 in fp32
+    assert [s["fp32_groups"] for s in steps] == [1, 2, 4, 6] and not any(s["passed"] for s in steps)
     assert not list((tiny[0] / "strict").glob("part-*"))  # nothing written
 
 
