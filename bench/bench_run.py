@@ -32,10 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"
 WORK = ROOT / "bench" / "_work"
 FLOOR = "runtime.quality_floor=0.995"  # above what full int8 reaches on an AVX2 machine: the search runs
+OUTLIERS = 'runtime.int8_fp32_groups=["outlier-channels"]'  # the search's first step, by hand
 VARIANTS = {
     "torch fp32": ["--set", "runtime.engine=torch"],
     "default (onnxruntime fp32)": [],
     "onnxruntime int8 (gated)": ["--set", "runtime.precision=int8"],
+    "onnxruntime int8, outlier channels in fp32": ["--set", "runtime.precision=int8", "--set", OUTLIERS],
     "onnxruntime int8, floor 0.995 (partial int8)": ["--set", "runtime.precision=int8", "--set", FLOOR],
     "torch bf16 (gated)": ["--set", "runtime.precision=bf16"],
     "ray backend (1 worker x 2 CPUs)": ["--backend", "ray", "--workers", "1", "--set", "execution.num_cpus=2"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bulkinfer.engines.int8 import group_of, layer_groups, search, sensitivities
+from bulkinfer.engines.int8 import OUTLIERS, group_of, layer_groups, search, sensitivities
 
 ORDER = [f"g{i}" for i in range(18)]
 
@@ -62,3 +62,11 @@ def test_groups_and_sensitivities_of_an_exported_bert(tmp_path):
     assert blocks <= set(sens7) and all(0 < sens7[g] < 0.2 for g in blocks)
     assert all(sens7[g] > sens8[g] for g in blocks)  # 7-bit weights lose more than 8-bit ones
     assert group_of("/inner/encoder/layer.3/output/dense/MatMul") == "layer.3/output"
+
+
+def test_tunes_table_says_what_an_int8_candidate_keeps_in_fp32():
+    from bulkinfer.cli import _kept
+
+    assert _kept([OUTLIERS]) == "outlier channels"
+    assert _kept([OUTLIERS, "layer.3/intermediate", "layer.4/intermediate"]) == "outlier channels + 2 blocks"
+    assert _kept(["layer.0/output"]) == "1 block"

@@ -61,6 +61,8 @@ def group_of(node_name: str) -> str:
 QUANTIZED = ("MatMul", "Attention")
 OUTLIERS = "outlier-channels"
 """The group that is no block: each feed-forward block's largest intermediate channels in fp32."""
+SEARCH = 2
+"""The search's version, part of its cache key: a better search gets its chance (2: outlier channels first)."""
 OUTLIER_SHARE = 192
 """One intermediate channel in this many goes the fp32 way (at least one per block)."""
 
@@ -149,8 +151,8 @@ def sensitivities(
 
 
 def ffn_blocks(graph: Any) -> list[tuple[Any, Any, Any]]:
-    """Each feed-forward block of a fused graph, in order: (MatMul, BiasGelu, MatMul) whose
-    weights and bias are initializers and whose BiasGelu output feeds only the second MatMul."""
+    """Each feed-forward block of a fused graph, in order: named (MatMul, BiasGelu, MatMul) whose
+    weights and bias are initializers and whose intermediate outputs feed only the next node."""
     weights = {t.name for t in graph.initializer}
     made = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[Any]] = {}
@@ -163,6 +165,7 @@ def ffn_blocks(graph: Any) -> list[tuple[Any, Any, Any]]:
             continue
         first, after = made.get(gelu.input[0]), readers.get(gelu.output[0], [])
         if (first is not None and first.op_type == "MatMul" and first.input[1] in weights and len(after) == 1
+                and all((first.name, gelu.name, after[0].name))
                 and after[0].op_type == "MatMul" and after[0].input[1] in weights
                 and len(readers.get(first.output[0], [])) == 1):  # fmt: skip
             out.append((first, gelu, after[0]))
@@ -241,8 +244,8 @@ def split_outliers(model: Any, channels: dict[str, list[int]]) -> list[str]:
 
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
-    rewritten: dict[str, list[Any]] = {}  # the first MatMul's name -> the nodes replacing the block
-    dropped: set[str] = set()
+    rewritten: dict[str, list[Any]] = {}  # the first MatMul's output -> the nodes replacing the block
+    dropped: set[str] = set()  # the other two nodes' outputs
     stale: set[str] = set()  # the replaced weights (an optimizer may share one between blocks)
     fp32: list[str] = []
     for first, gelu, second in ffn_blocks(graph):
@@ -256,7 +259,7 @@ def split_outliers(model: Any, channels: dict[str, list[int]]) -> list[str]:
                               ("w1_fp32", w1[:, keep]), ("b1_fp32", b1[keep]), ("w2_fp32", w2[keep])):  # fmt: skip
             graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), f"{p}/{suffix}"))
         h, y = first.input[0], second.output[0]
-        rewritten[first.name] = [
+        rewritten[first.output[0]] = [
             helper.make_node("MatMul", [h, f"{p}/w1"], [f"{p}/x"], name=first.name),
             helper.make_node("BiasGelu", [f"{p}/x", f"{p}/b1"], [f"{p}/g"], name=gelu.name, domain="com.microsoft"),
             helper.make_node("MatMul", [f"{p}/g", f"{p}/w2"], [f"{p}/y"], name=second.name),
@@ -272,13 +275,13 @@ def split_outliers(model: Any, channels: dict[str, list[int]]) -> list[str]:
             helper.make_node("Add", [f"{p}/y", f"{p}/y_fp32"], [y], name=f"{p}/Add"),
         ]
         fp32 += [f"{p}/MatMul_in", f"{p}/MatMul_out"]
-        dropped |= {gelu.name, second.name}
+        dropped |= {gelu.output[0], second.output[0]}
         stale |= {first.input[1], gelu.input[1], second.input[1]}
     nodes = []
     for node in graph.node:
-        if node.name in rewritten:
-            nodes += rewritten[node.name]
-        elif node.name not in dropped:
+        if node.output[0] in rewritten:
+            nodes += rewritten[node.output[0]]
+        elif node.output[0] not in dropped:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -340,7 +343,8 @@ def _plan_path(cache_dir: Path, model_digest: str, floor: float) -> Path:
     from .ort_engine import EXPORT
 
     key = json.dumps(
-        {"model": model_digest, "export": EXPORT, "isa": isa_key(), **int8_scheme(), "floor": floor}, sort_keys=True
+        {"model": model_digest, "export": EXPORT, "isa": isa_key(), **int8_scheme(), "floor": floor, "search": SEARCH},
+        sort_keys=True,
     )
     return cache_dir / "int8-plans" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
