@@ -188,3 +188,32 @@ def test_the_feed_forward_outlier_channels_run_in_fp32_beside_an_int8_rest(tiny,
     less = sensitivities(fp32.path, [batch], reduce_range=True, threads=1, exact=channels)
     assert all(less[f"layer.{i}/output"] < full[f"layer.{i}/output"] for i in (0, 1))
     assert all(less[g] == full[g] for g in full if not g.endswith("/output"))
+
+
+def test_outlier_channels_on_a_graph_without_fused_feed_forward_blocks_warn_and_split_nothing(tiny, tmp_path, caplog):
+    import logging
+
+    import onnx
+
+    from bulkinfer.engines.int8 import OUTLIERS, outlier_channels
+
+    left = tmp_path / "left"
+    shutil.copytree(tiny, left)
+    tok = json.loads((left / "tokenizer_config.json").read_text())
+    (left / "tokenizer_config.json").write_text(json.dumps({**tok, "padding_side": "left"}))  # the plain graph
+    with caplog.at_level(logging.WARNING, logger="bulkinfer"):
+        engine = _engine(left, tmp_path / "cache", "int8", (OUTLIERS,))
+    assert "has no fused feed-forward blocks to split; outlier-channels has no effect" in caplog.text
+    graph = onnx.load(str(engine.path)).graph
+    weights = {t.name for t in graph.initializer}
+    assert not [n.name for n in graph.node if "outliers" in n.name]
+    assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # all int8
+    assert "outlier_channels" not in json.loads((engine.path.parent / "meta.json").read_text())
+    # a fused graph whose model states no vocabulary size: no probe, no channels
+    fp32 = _engine(tiny, tmp_path / "cache", "fp32")
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}))
+    assert outlier_channels(fp32.path, str(bare)) == {}
+    assert len(outlier_channels(fp32.path, str(tiny))) == 2

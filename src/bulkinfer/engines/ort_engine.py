@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
+from .int8 import OUTLIER_SHARE, OUTLIERS
 
 __all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
 
@@ -78,6 +79,8 @@ def cache_entry(
     scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
     if keep_fp32:
         scheme["fp32_groups"] = sorted(keep_fp32)
+    if OUTLIERS in keep_fp32:  # how the channels are chosen: a change there is a new build
+        scheme["outlier_share"] = OUTLIER_SHARE
     if not fuse:
         scheme["fuse"] = False
     body = json.dumps(
@@ -246,17 +249,22 @@ def _build(
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             # per-channel weights: per-tensor int8 is as fast but far off fp32 (cosine ~0.93 on MiniLM)
-            from .int8 import OUTLIERS, group_of, layer_groups, outlier_channels, split_outliers
+            from .int8 import group_of, layer_groups, outlier_channels, split_outliers
 
             exclude: list[str] = []
             if OUTLIERS in keep_fp32:  # each feed-forward block's largest channels beside the int8 rest
                 import onnx
 
                 channels = outlier_channels(optimized, model_dir)
-                model = onnx.load(str(optimized))
-                exclude += split_outliers(model, channels)
-                onnx.save(model, str(optimized))
-                scheme["outlier_channels"] = {group_of(k).split("/")[0]: v for k, v in channels.items()}
+                if not channels:
+                    log.warning(
+                        "int8: %s has no fused feed-forward blocks to split; %s has no effect", model_dir, OUTLIERS
+                    )
+                else:
+                    model = onnx.load(str(optimized))
+                    exclude += split_outliers(model, channels)
+                    onnx.save(model, str(optimized))
+                    scheme["outlier_channels"] = {group_of(k).split("/")[0]: v for k, v in channels.items()}
             groups = layer_groups(optimized)
             exclude += [node for g in keep_fp32 for node in groups.get(g, [])]
             advice = _DropAdvice()  # the quantizer's "run pre-processing first": done above, not the user's to do
