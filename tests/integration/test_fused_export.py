@@ -217,3 +217,26 @@ def test_outlier_channels_on_a_graph_without_fused_feed_forward_blocks_warn_and_
     (bare / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}))
     assert outlier_channels(fp32.path, str(bare)) == {}
     assert len(outlier_channels(fp32.path, str(tiny))) == 2
+
+
+def test_another_process_builds_the_same_outlier_split(tiny, tmp_path):
+    """A Ray worker builds the int8 model the driver's gate chose in its own process and
+    cache: the probe, so the channels and the model, must come out the same."""
+    import subprocess
+    import sys
+
+    from bulkinfer.engines.int8 import OUTLIERS
+
+    here = _engine(tiny, tmp_path / "here", "int8", (OUTLIERS,))
+    code = (
+        "import sys; from pathlib import Path; from bulkinfer.engines.ort_engine import OrtEngine; "
+        "e = OrtEngine(sys.argv[1], device='cpu', threads=1, precision='int8', model_digest=Path(sys.argv[1]).name, "
+        "cache_dir=Path(sys.argv[2]), keep_fp32=['outlier-channels']); print(e.path)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tiny), str(tmp_path / "there")], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]  # fmt: skip
+    there = Path(out)
+    assert there.parent.parent.parent == tmp_path / "there" and there.parent.name == here.path.parent.name
+    meta = [json.loads((p.parent / "meta.json").read_text()) for p in (here.path, there)]
+    assert meta[0]["outlier_channels"] == meta[1]["outlier_channels"] and len(meta[0]["outlier_channels"]) == 2
+    assert here.path.read_bytes() == there.read_bytes()
