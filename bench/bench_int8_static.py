@@ -51,14 +51,19 @@ def embed(adapter: Any, batches: list[tuple[np.ndarray, Any]], n: int) -> tuple[
     return out, n / (time.perf_counter() - t0)
 
 
-def use_model(adapter: Any, path: Path) -> None:
-    """Point the adapter's ONNX Runtime session at another model file (same inputs and outputs)."""
+def use_model(adapter: Any, path: Path, skip_layer_norm: bool = False) -> None:
+    """Point the adapter's ONNX Runtime session at another model file (same inputs and outputs),
+    loaded as bulkinfer loads its own (without SkipLayerNormalization, unless asked)."""
     import onnxruntime as ort
+
+    from bulkinfer.engines.ort_engine import CPU_UNFUSED
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = len(__import__("os").sched_getaffinity(0))
     so.inter_op_num_threads = 1
-    adapter._engine._session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    adapter._engine._session = ort.InferenceSession(
+        str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=[] if skip_layer_norm else CPU_UNFUSED
+    )
 
 
 def static_int8(fp32: Path, out: Path, calibration: list[tuple[np.ndarray, Any]], method: str, signed: bool) -> float:

@@ -8,11 +8,18 @@ new entry.
 
 A BERT encoder (``model_type = "bert"``, right-padding tokenizer) is exported with eager
 attention and fused by ONNX Runtime's transformer optimizer (EmbedLayerNormalization,
-Attention, SkipLayerNormalization, BiasGelu; int8 then quantizes Attention to QAttention,
-one product for Q, K and V): measured on MiniLM (``bench/bench_int8_schemes.py``) int8
-+22% and fp32 +12% on AVX-512/VNNI, +5 to +16% and +6% on AVX2 kernels, same cosine. The
-fused graph is kept only when it gives the plain graph's output on a probe batch;
-otherwise, and for other models, the plain export is used.
+Attention, BiasGelu; int8 then quantizes Attention to QAttention, one product for Q, K and
+V): measured on MiniLM (``bench/bench_int8_schemes.py``) int8 +22% and fp32 +12% on
+AVX-512/VNNI, +5 to +16% and +6% on AVX2 kernels, same cosine. The fused graph is kept only
+when it gives the plain graph's output on a probe batch; otherwise, and for other models,
+the plain export is used.
+
+The residual Add and LayerNormalization are *not* fused into SkipLayerNormalization, by the
+optimizer or by ONNX Runtime when a CPU session loads (``disabled_optimizers``): on the CPU
+onnxruntime's SkipLayerNormalization is 2.5 to 5 times slower than Add + LayerNormalization
+(2.6 against 0.8 to 1.1 ns an element here), about 14% of MiniLM's int8 time; leaving it
+out measured int8 +6% on AVX2 kernels and +14% on VNNI, fp32 +4 to +6%
+(``bench/bench_exports.py``). On a GPU the fused kernel stays.
 
 On a GPU the session runs on ONNX Runtime's CUDA provider, or through TensorRT
 (``runtime.tensorrt``: the plain graph, one optimization profile up to the batch size, its
@@ -56,7 +63,8 @@ class _DropAdvice(logging.Filter):
 
 
 OPSET = 17
-EXPORT = 2  # 2: BERT encoders fused (Attention, EmbedLayerNormalization...); part of the cache key
+EXPORT = 3  # 2: BERT encoders fused (Attention, EmbedLayerNormalization...); 3: without SkipLayerNormalization
+CPU_UNFUSED = ["SkipLayerNormFusion"]  # onnxruntime's fusions a CPU session skips (see above)
 
 
 def _versions() -> dict[str, str]:
@@ -178,12 +186,16 @@ def _fuse(raw: Path, out: Path, shape: dict[str, int]) -> dict[str, int] | None:
     or None (``out`` not written) when nothing fused or the fused output differs from the
     plain one's on :func:`_probe` (relative error over 1e-4 on any real token)."""
     import onnxruntime as ort
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    options = FusionOptions("bert")
+    options.enable_skip_layer_norm = False  # slower than what it replaces on the CPU (module docstring)
     try:
         fused = optimize_model(
-            str(raw), model_type="bert", opt_level=0, num_heads=shape["num_heads"], hidden_size=shape["hidden_size"]
-        )
+            str(raw), model_type="bert", opt_level=0, num_heads=shape["num_heads"], hidden_size=shape["hidden_size"],
+            optimization_options=options,
+        )  # fmt: skip
     except Exception as exc:  # a pattern the optimizer cannot handle: the plain graph
         log.debug("attention fusion skipped (%s: %s)", type(exc).__name__, exc)
         return None
@@ -414,7 +426,9 @@ class OrtEngine:
             options = tensorrt_options(engines, precision, device_id, rows, tokens)
             providers.insert(0, ("TensorrtExecutionProvider", options))
         if not wanted:
-            self._session = ort.InferenceSession(str(self.path), so, providers=providers)
+            self._session = ort.InferenceSession(
+                str(self.path), so, providers=providers, disabled_optimizers=CPU_UNFUSED
+            )
         else:
             try:  # no silent fallback to another provider, here or in a later run() (onnxruntime's default)
                 self._session = ort.InferenceSession(str(self.path), so, providers=providers, enable_fallback=0)
