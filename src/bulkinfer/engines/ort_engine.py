@@ -18,8 +18,8 @@ The residual Add and LayerNormalization are *not* fused into SkipLayerNormalizat
 optimizer or by ONNX Runtime when a CPU session loads (``disabled_optimizers``): on the CPU
 onnxruntime's SkipLayerNormalization is 2.5 to 5 times slower than Add + LayerNormalization
 (2.6 against 0.8 to 1.1 ns an element here), about 14% of MiniLM's int8 time; leaving it
-out measured int8 +6% on AVX2 kernels and +14% on VNNI, fp32 +4 to +6%
-(``bench/bench_exports.py``). On a GPU the fused kernel stays.
+out measured int8 +18% on AVX-512/VNNI and +8.5% on AVX2 kernels, fp32 +6.5% and +0%
+(``bench/bench_int8_schemes.py``). On a GPU the fused kernel stays.
 
 On a GPU the session runs on ONNX Runtime's CUDA provider, or through TensorRT
 (``runtime.tensorrt``: the plain graph, one optimization profile up to the batch size, its
