@@ -276,10 +276,9 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
     fp32_engine = choose_engine(rt.engine, "fp32", rt.device)  # when nothing measured can be taken
     path = results_path(cfg, model.digest)
-    try:
-        measured = json.loads(path.read_text())["candidates"]
-        source = f"measured by bulkinfer tune, {path}"
-    except (OSError, ValueError, KeyError):
+    measured = _candidates(path)
+    source = f"measured by bulkinfer tune, {path}"
+    if measured is None:
         if not hardware.device_here(rt.device):
             return fp32_engine, "fp32", f"no tune result for this model on {rt.device} and no GPU here to calibrate on"
         if not cfg.source.paths:  # serve: no rows of a job to calibrate on
@@ -326,9 +325,8 @@ def measured_here(cfg: JobConfig, model_digest: str) -> str | None:
     (best rows/s of each, the gate's mean cosine), for the warning before a run; None when
     it measured neither."""
     rt = cfg.runtime
-    try:
-        measured = json.loads(results_path(cfg, model_digest).read_text())["candidates"]
-    except (OSError, ValueError, KeyError):
+    measured = _candidates(results_path(cfg, model_digest))
+    if measured is None:
         return None
 
     def best(precision: str, engine: str | None = None) -> dict[str, Any] | None:
@@ -345,6 +343,16 @@ def measured_here(cfg: JobConfig, model_digest: str) -> str | None:
         f"bulkinfer tune measured {rt.precision} here at {mine['rows_per_s']} rows/s against fp32's "
         f"{fp32['rows_per_s']} ({mine['rows_per_s'] / fp32['rows_per_s']:.2f}x){gate}"
     )
+
+
+def _candidates(path: Path) -> list[dict[str, Any]] | None:
+    """The candidates ``tune`` saved at ``path`` (:func:`results_path`); None when there is no
+    readable result."""
+    try:
+        candidates: list[dict[str, Any]] = json.loads(path.read_text())["candidates"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return candidates
 
 
 def results_path(cfg: JobConfig, model_digest: str) -> Path:
@@ -365,10 +373,8 @@ def best_measured(cfg: JobConfig, model_digest: str, devices: list[str]) -> dict
     out: dict[str, str] = {}
     for where in devices:
         rt = cfg.runtime.model_copy(update={"device": where})
-        path = results_path(cfg.model_copy(update={"runtime": rt}), model_digest)
-        try:
-            candidates = json.loads(path.read_text())["candidates"]
-        except (OSError, ValueError, KeyError):
+        candidates = _candidates(results_path(cfg.model_copy(update={"runtime": rt}), model_digest))
+        if candidates is None:
             out[where] = "not measured (run bulkinfer tune on this machine)"
             continue
         passed = [c for c in candidates if c.get("passed") and c.get("rows_per_s")]
@@ -398,9 +404,8 @@ def auto_batch_size(cfg: JobConfig, model_digest: str, hint: int | None = None) 
     fallback = hint or DEFAULT_BATCH
     default = f"the model's default, {hint}" if hint else "the default"
     path = results_path(cfg, model_digest)
-    try:
-        candidates = json.loads(path.read_text())["candidates"]
-    except (OSError, ValueError, KeyError):
+    candidates = _candidates(path)
+    if candidates is None:
         why = f"no tune result for this model on this machine; using {default}; run bulkinfer tune to measure"
         return fallback, why
     engine = choose_engine(rt.engine, rt.precision, rt.device)
