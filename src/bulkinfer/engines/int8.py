@@ -201,10 +201,21 @@ def _probe_rows(model_dir: str, rows: int = 64) -> list[list[int]]:
     return [head + [int(t) for t in rng.choice(pool, int(rng.integers(8, 65)))] + tail for _ in range(rows)]
 
 
+_FOUND: dict[tuple[str, int, str], dict[str, list[int]]] = {}  # (fp32 file, its mtime, model dir) -> channels
+
+
 def outlier_channels(fp32_path: Path, model_dir: str, threads: int = 1) -> dict[str, list[int]]:
     """Each feed-forward block's intermediate channels with the largest activation (one in
     :data:`OUTLIER_SHARE`), by the name of the MatMul that reads them, measured on a fixed
-    probe: empty for a graph without fused feed-forward blocks."""
+    probe: empty for a graph without fused feed-forward blocks. Found once per fp32 file in
+    a process: the gate's search asks, then each of its int8 builds."""
+    key = (str(fp32_path), Path(fp32_path).stat().st_mtime_ns, model_dir)
+    if key not in _FOUND:
+        _FOUND[key] = _find_outliers(fp32_path, model_dir, threads)
+    return {name: list(c) for name, c in _FOUND[key].items()}
+
+
+def _find_outliers(fp32_path: Path, model_dir: str, threads: int) -> dict[str, list[int]]:
     import onnx
     import onnxruntime as ort
 

@@ -267,7 +267,8 @@ def _build(
             if OUTLIERS in keep_fp32:  # each feed-forward block's largest channels beside the int8 rest
                 import onnx
 
-                channels = outlier_channels(optimized, model_dir)
+                # found on the fp32 entry's file (the same graph as this copy), once per process
+                channels = outlier_channels(fp32_entry / "model.onnx" if fp32_entry else optimized, model_dir)
                 if not channels:
                     log.warning(
                         "int8: %s has no fused feed-forward blocks to split; %s has no effect", model_dir, OUTLIERS
