@@ -14,6 +14,7 @@ import pytest
 
 from bulkinfer.engines.int8 import layer_groups
 from bulkinfer.engines.ort_engine import OrtEngine, _export, _fusable, _fuse
+from bulkinfer.hardware import int8_scheme
 
 from helpers import tiny_st_model
 
@@ -37,6 +38,10 @@ def _ops(path: Path) -> dict[str, int]:
     for node in onnx.load(str(path)).graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
 
 
 def _rows(n: int = 6) -> tuple[np.ndarray, np.ndarray]:
@@ -178,19 +183,36 @@ def test_the_feed_forward_outlier_channels_run_in_fp32_beside_an_int8_rest(tiny,
     assert meta["fp32_groups"] == [OUTLIERS]
     assert meta["outlier_channels"] == {f"layer.{i}": channels[b[2].name] for i, b in enumerate(blocks)}
     assert both.path.parent != int8.path.parent
-    cos = {}
-    for name, engine in (("int8", int8), ("outliers", both)):
-        out = engine.forward(ids, mask)[real]
-        cos[name] = float(
-            np.mean(np.sum(out * plain[real], 1) / np.linalg.norm(out, axis=1) / np.linalg.norm(plain[real], axis=1))
-        )
-    assert cos["outliers"] > cos["int8"]
+    # the split's int8 output differs from full int8's and both stay near fp32, on every CPU kind
+    outs = {name: engine.forward(ids, mask)[real] for name, engine in (("int8", int8), ("outliers", both))}
+    assert not np.allclose(outs["int8"], outs["outliers"])
+    assert all(_cosine(out, plain[real]) > 0.98 for out in outs.values())
     # the sensitivity pass sees the output blocks with those channels out of int8: less error
+    # (numpy's fake quantization, the same on every CPU kind)
     batch = {"input_ids": ids, "attention_mask": mask}
     full = sensitivities(fp32.path, [batch], reduce_range=True, threads=1)
     less = sensitivities(fp32.path, [batch], reduce_range=True, threads=1, exact=channels)
     assert all(less[f"layer.{i}/output"] < full[f"layer.{i}/output"] for i in (0, 1))
     assert all(less[g] == full[g] for g in full if not g.endswith("/output"))
+
+
+@pytest.mark.skipif(
+    int8_scheme()["reduce_range"],
+    reason="needs 8-bit int8 weights (a CPU with VNNI, or not x86): with the 7-bit weights of AVX2 kernels the "
+    "tiny model's outlier split is not closer to fp32 than full int8 (0.99510 vs 0.99557 measured)",
+)
+def test_with_8_bit_weights_the_outlier_split_is_closer_to_fp32_than_full_int8(tiny, tmp_path):
+    """Where the outliers dominate the activation's scale and the weights have 8 bits, the
+    split's finer scale for the rest shows end to end."""
+    from bulkinfer.engines.int8 import OUTLIERS
+
+    plain = _engine(tiny, tmp_path, "fp32")
+    ids, mask = _rows()
+    real = mask.astype(bool)
+    want = plain.forward(ids, mask)[real]
+    cos = {name: _cosine(_engine(tiny, tmp_path, "int8", keep).forward(ids, mask)[real], want)
+           for name, keep in (("int8", ()), ("outliers", (OUTLIERS,)))}  # fmt: skip
+    assert cos["outliers"] > cos["int8"]
 
 
 def test_outlier_channels_on_a_graph_without_fused_feed_forward_blocks_warn_and_split_nothing(tiny, tmp_path, caplog):
