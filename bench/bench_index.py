@@ -105,7 +105,7 @@ def plain_build(out: Path, kind: str, params: dict[str, int], dest: Path) -> tup
 def main() -> None:
     import faiss
 
-    from bulkinfer.index import IndexSpec, build_index
+    from bulkinfer.outputs.index import IndexSpec, build_index
 
     p = argparse.ArgumentParser()
     p.add_argument("items", nargs="?", type=int, default=50_000)

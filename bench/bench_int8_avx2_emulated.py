@@ -41,7 +41,7 @@ QEMU = ["qemu-x86_64", "-cpu", "Haswell-v4"]
 JOB = """
 import sys
 if sys.argv[1] == "8bit":
-    import bulkinfer.engines.ort_engine as ort_engine, bulkinfer.hardware as hardware
+    import bulkinfer.engines.ort_engine as ort_engine, bulkinfer.core.hardware as hardware
     hardware.int8_scheme = ort_engine.int8_scheme = lambda: {"reduce_range": False}
 sys.argv[1:2] = []
 from bulkinfer.cli import app

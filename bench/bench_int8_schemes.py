@@ -64,8 +64,8 @@ def plain(model_dir: str, out: Path) -> None:
 def main() -> None:
     from bulkinfer import load_config
     from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
-    from bulkinfer.hardware import int8_scheme
-    from bulkinfer.quality import compare_embeddings
+    from bulkinfer.core.hardware import int8_scheme
+    from bulkinfer.precision.gate import compare_embeddings
 
     from helpers import make_catalog
 

@@ -31,7 +31,7 @@ from machine import describe  # noqa: E402
 
 def batches_of(adapter: Any, table: Any, size: int = 16) -> list[tuple[np.ndarray, Any]]:
     """(row indices, model inputs) in length-sorted batches, as a run forms them."""
-    from bulkinfer.batching import plan_batches
+    from bulkinfer.core.batching import plan_batches
 
     features = adapter.preprocess(table)
     return [(idx, adapter.select(features, idx)) for idx in plan_batches(adapter.cost(features), table.num_rows, size)]
@@ -104,8 +104,8 @@ def static_int8(fp32: Path, out: Path, calibration: list[tuple[np.ndarray, Any]]
 def main() -> None:
     from bulkinfer import load_config
     from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
-    from bulkinfer.hardware import int8_scheme
-    from bulkinfer.quality import compare_embeddings
+    from bulkinfer.core.hardware import int8_scheme
+    from bulkinfer.precision.gate import compare_embeddings
 
     from helpers import make_catalog
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from bulkinfer import load_config
 from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
-from bulkinfer.batching import plan_batches
+from bulkinfer.core.batching import plan_batches
 
 
 def main() -> None:

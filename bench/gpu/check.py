@@ -93,7 +93,7 @@ class Check:
     def machine(self) -> None:
         import torch
 
-        from bulkinfer.hardware import cpu, gpu, isa_key, survey
+        from bulkinfer.core.hardware import cpu, gpu, isa_key, survey
 
         c = cpu()
         info = {"cpu": c["model"], "cpus": c["cpus"], "cpu_flags": c["features"], "isa": isa_key(),
@@ -148,7 +148,7 @@ class Check:
             print(f"sentence-transformers script on {self.device}, batch {bs}: {rate:.1f} rows/s")
 
     def variants(self) -> None:
-        from bulkinfer.hardware import emulated
+        from bulkinfer.core.hardware import emulated
 
         anchors = self.figures.get("anchors", {})
         base = anchors.get("sentence-transformers script, batch 32")
@@ -274,7 +274,7 @@ class Check:
         print(f"onnxruntime on {self.device}: {json.dumps(fig)}")
 
     def _emulated(self, precision: str) -> bool:
-        from bulkinfer.hardware import emulated
+        from bulkinfer.core.hardware import emulated
 
         return emulated(self.device, precision)
 

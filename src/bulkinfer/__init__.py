@@ -8,7 +8,7 @@ from __future__ import annotations
 from ._version import __version__
 from .adapters.base import Adapter, SetupContext
 from .config import JobConfig, load_config
-from .errors import (
+from .core.errors import (
     BulkinferError,
     ClusterError,
     ConfigError,
@@ -23,7 +23,7 @@ from .errors import (
     SourceError,
 )
 from .job import RunResult, run_job
-from .status import inspect_output
+from .outputs.status import inspect_output
 
 __all__ = [
     "Adapter",

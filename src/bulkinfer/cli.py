@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from .config import field_docs, load_config
-from .errors import BulkinferError, Interrupted
-from .hardware import quiet_tokenizers
+from .core.errors import BulkinferError, Interrupted
+from .core.hardware import quiet_tokenizers
 
 __all__ = ["app", "main"]
 
@@ -81,8 +81,8 @@ def _setup_logging(quiet: bool) -> None:
 
 def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
     """The config a finished run stored, and its input files as absolute URIs."""
-    from .errors import OutputError
-    from .ledger import Ledger
+    from .commit.ledger import Ledger
+    from .core.errors import OutputError
 
     plan = Ledger(out).read_plan()
     if plan is None:
@@ -291,8 +291,8 @@ def tune(
     from rich.console import Console
     from rich.table import Table
 
-    from .tune import to_toml
-    from .tune import tune as run_tune
+    from .precision.tune import to_toml
+    from .precision.tune import tune as run_tune
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
     overrides = {"source.paths": input or None, "model.name": model, "model.text_column": text_column}
@@ -315,7 +315,7 @@ def tune(
         raise _fail(exc) from None
     except ValueError:
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
-    from .hardware import isa_key
+    from .core.hardware import isa_key
 
     table = Table(title=f"bulkinfer tune: {result.sample_rows} rows of the job's input on {isa_key()}")
     columns = ["engine", "precision", "batch", "threads", "processes", "rows/s", "mean cosine", "top-10 overlap",
@@ -366,14 +366,14 @@ def machine(
     each engine and precision whether it runs natively, on weak kernels, emulated, or not at all here."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _setup_logging(quiet=True)
-    from .hardware import survey
+    from .core.hardware import survey
 
     found = survey(device)
     if model:
         try:
             devices = ["cpu", device] if found["gpu"] else ["cpu"]
             from .adapters import resolve_model
-            from .tune import best_measured
+            from .precision.tune import best_measured
 
             cfg = load_config(None, {"model.name": model}, set_)
             found["tune"] = best_measured(cfg, resolve_model(cfg).digest, devices)
@@ -451,7 +451,7 @@ def inspect(
 ) -> None:
     """Show what is committed, what remains, errors and the job fingerprint; for one part file,
     its provenance (job, model, input file and rows) and whether _SUCCESS vouches for it."""
-    from .status import inspect_output, inspect_part, is_part_file
+    from .outputs.status import inspect_output, inspect_part, is_part_file
 
     try:
         info = inspect_part(output) if is_part_file(output) else inspect_output(output)
@@ -524,7 +524,7 @@ def index(
     _prepare(quiet)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from .index import IndexSpec, build_index
+    from .outputs.index import IndexSpec, build_index
 
     if kind not in ("flat", "hnsw", "ivf-pq") or metric not in ("cosine", "ip", "l2"):
         typer.echo("bulkinfer: error: --kind is flat, hnsw or ivf-pq; --metric is cosine, ip or l2", err=True)
@@ -577,8 +577,8 @@ def compare(
 ) -> None:
     """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI); gate a rollout."""
     _prepare(quiet)
-    from .compare import CompareSpec, compare_outputs, gate, summary_lines
-    from .errors import CheckFailed
+    from .core.errors import CheckFailed
+    from .outputs.compare import CompareSpec, compare_outputs, gate, summary_lines
 
     spec = CompareSpec(id_column, tuple(_split(column) or ()), sample, k, queries)
     try:
@@ -614,7 +614,7 @@ def report(
     """One self-contained HTML page about a run: throughput, time, batches, cost, errors, statistics,
     drift and, with --compare, the canary comparison. It opens offline."""
     _prepare(quiet)
-    from .compare import CompareSpec, compare_outputs
+    from .outputs.compare import CompareSpec, compare_outputs
     from .report.html import load_run, render_report
     from .sinks import is_remote
 
@@ -639,7 +639,7 @@ def costs(
     output_format: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
 ) -> None:
     """Sum the cost of every run of the outputs by month and cost.labels (the bill per team and model)."""
-    from .costs import collect_runs, render, sum_costs
+    from .outputs.costs import collect_runs, render, sum_costs
 
     if output_format not in ("table", "csv", "json"):
         typer.echo("bulkinfer: error: --format is table, csv or json", err=True)

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .credentials import find_masked
-from .errors import ConfigError
+from .core.credentials import find_masked
+from .core.errors import ConfigError
 
 __all__ = [
     "CostConfig",
@@ -75,7 +75,7 @@ class SourceConfig(_Section):
     @field_validator("column_types")
     @classmethod
     def _known_types(cls, value: dict[str, str]) -> dict[str, str]:
-        from .schema import parse_type
+        from .core.schema import parse_type
 
         for name, type_name in value.items():
             try:
@@ -436,7 +436,7 @@ class RouteConfig(_Section):
     @field_validator("when")
     @classmethod
     def _when(cls, v: str) -> str:
-        from .expr import parse
+        from .core.expr import parse
 
         try:
             parse(v, "when")  # refused here, with the token and its position

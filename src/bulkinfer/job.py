@@ -23,31 +23,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model, resolve_precision
-from .committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
+from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
+from .commit.ledger import Ledger, OutputLedger, active_error_files, failed_rows
+from .commit.repair import rebuild_ledger
+from .commit.routing import compile_routes
+from .commit.spend import CostGuard
 from .config import JobConfig
-from .errors import BulkinferError, CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
-from .hardware import emulation_warning
-from .ledger import Ledger, OutputLedger, active_error_files, failed_rows
-from .lineage import Lineage
+from .core.errors import BulkinferError, CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
+from .core.hardware import emulation_warning
+from .core.records import redact
 from .llm.batch_files import batch_config, write_batch_files
 from .plan import JobPlan, job_identity, make_plan
-from .quality import job_quality_gate
-from .records import redact
-from .repair import rebuild_ledger
+from .precision.gate import job_quality_gate
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
+from .report.lineage import Lineage
 from .report.output import instance_price, load_output_stats
-from .reuse import HASH_COLUMN, write_deleted
-from .routing import compile_routes
 from .runners import make_runner
+from .runners.reuse import HASH_COLUMN, write_deleted
 from .sinks import Sink, make_sink
 from .sinks.exports import ExportTarget, make_exports, make_route_targets
 from .sources import Shard
 from .sources.files import use_storage_options
-from .spend import CostGuard
 
 if TYPE_CHECKING:
-    from .quality import GateFigures
+    from .precision.gate import GateFigures
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
@@ -86,7 +86,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     instance_price(cfg)  # an unknown cost.instance is one line before any work
     slow = emulation_warning(cfg.runtime.device, cfg.runtime.precision) if model.kind == "text-embedding" else None
     if slow:
-        from .tune import measured_here
+        from .precision.tune import measured_here
 
         figures = measured_here(cfg, model.digest)
         log.warning("%s%s", slow, f" ({figures})" if figures else "")
@@ -104,7 +104,7 @@ def _auto_as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
     engine and precision that run chose, so a ``tune`` in between (or another machine kind)
     does not turn the resume into a changed job. Anything else that differs is refused by the
     resume as usual; an output that cannot be read here is left to it too."""
-    from .outputs import private_json
+    from .outputs.read import private_json
 
     try:
         previous = private_json(cfg.sink.path, "job.json")
@@ -126,7 +126,7 @@ def _auto_as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
 def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
     """``--incremental-from``: check the previous output; when its results cannot stand for this
     job's (another model or setting), run every row (still writing input hashes) and say why."""
-    from .reuse import check_previous, check_reusable
+    from .runners.reuse import check_previous, check_reusable
 
     previous = cfg.source.previous
     assert previous is not None
@@ -142,7 +142,7 @@ def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
 def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors: bool = False) -> RunResult:
     """Run (or resume) the job ``cfg`` describes; return when every shard is committed.
 
-    Raises a :class:`~bulkinfer.errors.BulkinferError` on failure, ``Interrupted`` when
+    Raises a :class:`~bulkinfer.core.errors.BulkinferError` on failure, ``Interrupted`` when
     stopped by a signal or by ``stop``: rerunning the same job resumes it. With
     ``retry_errors``, only the rows recorded in ``_errors/`` run again (after the cause
     was fixed); those that succeed leave ``_errors/``, those that fail again stay.
@@ -234,7 +234,7 @@ def build_job_index(cfg: JobConfig, out_dir: Path | str) -> dict[str, Any]:
     """``[index]``: the index over the finished output (after its lock is released)."""
     from dataclasses import asdict
 
-    from .index import IndexSpec, build_index
+    from .outputs.index import IndexSpec, build_index
 
     ix = cfg.index
     assert ix.output is not None
@@ -256,7 +256,7 @@ def open_ledger(sink: Sink) -> OutputLedger:
     from .sinks.objects import ObjectSink
 
     if isinstance(sink, ObjectSink):
-        from .objledger import ObjectLedger
+        from .commit.objledger import ObjectLedger
 
         return ObjectLedger(sink.store)
     return Ledger(Path(sink.out_dir))

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .config import JobConfig
-from .credentials import scrub
-from .errors import SourceError
-from .records import ErrorRecord
-from .schema import type_name
+from .core.credentials import scrub
+from .core.errors import SourceError
+from .core.records import ErrorRecord
+from .core.schema import type_name
 from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
 from .sources.files import concurrently, forget_footers
 

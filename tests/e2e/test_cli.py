@@ -124,7 +124,7 @@ def test_inspect_of_a_non_output_is_one_line(tmp_path):
     ],
 )
 def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_path, settings, needle):
-    from bulkinfer.hardware import gpu
+    from bulkinfer.core.hardware import gpu
 
     from helpers import make_catalog
 
@@ -160,9 +160,10 @@ def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path
 
 
 def test_machine_says_what_runs_fast_here_and_what_tune_measured(tmp_path):
-    from bulkinfer import hardware, load_config
+    from bulkinfer import load_config
     from bulkinfer.adapters import resolve_model
-    from bulkinfer.tune import results_path
+    from bulkinfer.core import hardware
+    from bulkinfer.precision.tune import results_path
 
     found = json.loads(cli("machine", "--json", check=True).stdout)
     assert found["isa"] == hardware.isa_key() and found["cpu"]["features"] == hardware.cpu()["features"]

@@ -46,7 +46,7 @@ def avx2_env() -> dict[str, str]:
 def _claimed() -> list[str]:
     """The features /proc/cpuinfo lists (what the mask hides from is the host's list, whatever
     this process is shown)."""
-    from bulkinfer.hardware import parse_cpuinfo
+    from bulkinfer.core.hardware import parse_cpuinfo
 
     return list(parse_cpuinfo(Path("/proc/cpuinfo").read_text(), platform.machine())["features"])
 
@@ -63,7 +63,7 @@ def _run(tmp: Path, out: str, env: dict[str, str] | None, precision: str, rows: 
 
 
 def test_an_avx2_only_cpu_gets_its_own_int8_build_and_the_warnings_that_fit_it(tmp_path, avx2_env):
-    from bulkinfer.hardware import has, isa_key
+    from bulkinfer.core.hardware import has, isa_key
 
     write(make_catalog(40, seed=5), tmp_path / "in.parquet")
     masked, masked_log = _run(tmp_path, "avx2", avx2_env, "int8", 40)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bulkinfer.ledger import Ledger
+from bulkinfer.commit.ledger import Ledger
 
 from helpers import read_output, wait_commits, write
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import Interrupted
+from bulkinfer.core.errors import Interrupted
 
 from helpers import cli, read_output, stop_after_commits, tabular_table, write
 

@@ -4,7 +4,7 @@ import json
 
 from bulkinfer import load_config
 from bulkinfer.adapters import available_cpus, resolve_model
-from bulkinfer.tune import results_path
+from bulkinfer.precision.tune import results_path
 
 from helpers import cli, make_catalog, read_output, write
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.compare import CompareSpec, compare_outputs, gate, id_hashes
+from bulkinfer.outputs.compare import CompareSpec, compare_outputs, gate, id_hashes
 
 from helpers import cli, read_output, tabular_table, write
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bulkinfer import ConfigError, load_config, run_job
-from bulkinfer.quality import compare_embeddings
+from bulkinfer.precision.gate import compare_embeddings
 
 from helpers import make_catalog, read_output, write
 
@@ -73,7 +73,7 @@ def int8_cache(tmp_path_factory):
 
 
 def test_int8_passes_the_default_gate_and_bf16_is_near_lossless(corpus, int8_cache, caplog):
-    from bulkinfer.hardware import has, isa_key
+    from bulkinfer.core.hardware import has, isa_key
 
     int8 = _run(corpus, "int8", int8_cache, **{"runtime.precision": "int8"})
     assert int8.report["machine"]["isa"] == isa_key() and int8.report["machine"]["cpus"] >= 1

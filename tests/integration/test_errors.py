@@ -267,7 +267,7 @@ def test_out_of_memory_halves_the_batch_instead_of_failing_rows(tmp_path, monkey
 
 def test_corrupt_ledger_is_refused_then_repaired_without_recomputing(tmp_path, flaky):
     from bulkinfer import LedgerError
-    from bulkinfer.ledger import Ledger
+    from bulkinfer.commit.ledger import Ledger
 
     write(tabular_table(300), tmp_path / "in.parquet")
     cfg = _cfg(tmp_path, **{"model.options": {"bad_predict": [5, 150]}, "source.shard_rows": 100})
@@ -436,7 +436,7 @@ def test_with_the_defaults_one_bad_line_never_fails_a_small_job_but_a_wholesale_
      (50, 0.0, 10, None, 0), (50, 0.001, 10, 3, 3), (50, 0.5, 0, None, 25)],
 )  # fmt: skip
 def test_the_error_budget_rule(rows, rate, floor, cap, budget):
-    from bulkinfer.committer import error_budget
+    from bulkinfer.commit.committer import error_budget
 
     cfg = load_config(overrides={"execution.max_error_rate": rate, "execution.min_error_budget": floor,
                                  "execution.max_errors": cap})  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bulkinfer.core.hardware import int8_scheme
 from bulkinfer.engines.int8 import layer_groups
 from bulkinfer.engines.ort_engine import OrtEngine, _export, _fusable, _fuse
-from bulkinfer.hardware import int8_scheme
 
 from helpers import tiny_st_model
 

@@ -164,7 +164,7 @@ def test_chat_messages_with_a_json_schema_expand_into_typed_columns(tmp_path):
 def test_tokens_are_reported_and_max_cost_stops_the_job_cleanly(tmp_path):
     import json
 
-    from bulkinfer.errors import CostLimitReached
+    from bulkinfer.core.errors import CostLimitReached
 
     model = tiny_lm(tmp_path / "gpt2", "gpt2")
     write(prompts_table(40), tmp_path / "in.parquet")
@@ -191,7 +191,7 @@ def test_tokens_are_reported_and_max_cost_stops_the_job_cleanly(tmp_path):
 
 
 def test_engine_choices_for_generation_models_are_one_line_errors(tmp_path):
-    from bulkinfer.errors import ConfigError, ModelError
+    from bulkinfer.core.errors import ConfigError, ModelError
 
     model = tiny_lm(tmp_path / "llama", "llama")
     write(prompts_table(3), tmp_path / "in.parquet")

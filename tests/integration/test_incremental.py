@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import ConfigError
+from bulkinfer.core.errors import ConfigError
 
 from helpers import cli, read_output, tabular_table, write
 

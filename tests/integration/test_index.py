@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import QualityGateError, SourceError
-from bulkinfer.index import IndexSpec, build_index
+from bulkinfer.core.errors import QualityGateError, SourceError
+from bulkinfer.outputs.index import IndexSpec, build_index
 
 from helpers import cli
 
@@ -206,7 +206,7 @@ def test_a_text_query_is_refused_when_the_index_model_changed_since(items, tmp_p
     """The index records the digest of the model its vectors came from; queries embedded by a
     model whose files changed would not match them."""
     from bulkinfer.adapters.knn import KnnAdapter
-    from bulkinfer.errors import ModelError
+    from bulkinfer.core.errors import ModelError
 
     out, *_ = items()
     build_index(out, tmp_path / "items.index", IndexSpec(kind="flat", queries=10))

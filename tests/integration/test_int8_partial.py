@@ -72,8 +72,8 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
     in fp32 named); precision = "auto" then runs the fastest candidate that passed."""
     import logging
 
-    from bulkinfer.hardware import emulated
-    from bulkinfer.tune import PRECISIONS, results_path, tune
+    from bulkinfer.core.hardware import emulated
+    from bulkinfer.precision.tune import PRECISIONS, results_path, tune
 
     d, model = tiny
     base = {
@@ -111,7 +111,7 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
 def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny, caplog):
     import logging
 
-    from bulkinfer.tune import CALIBRATION_ROWS, results_path
+    from bulkinfer.precision.tune import CALIBRATION_ROWS, results_path
 
     d, model = tiny
     caplog.set_level(logging.INFO, logger="bulkinfer")

@@ -18,7 +18,7 @@ import attr
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import ErrorBudgetExceeded
+from bulkinfer.core.errors import ErrorBudgetExceeded
 
 from helpers import BULKINFER, tabular_table, train_classifier, wait_commits, write
 

@@ -107,7 +107,7 @@ def test_a_missing_bucket_is_one_line_before_any_inference(s3job, s3_server):
 
 
 def test_a_second_live_run_on_the_prefix_is_refused(s3job, s3_server):
-    from bulkinfer.objledger import ObjectLedger
+    from bulkinfer.commit.objledger import ObjectLedger
     from bulkinfer.sinks.objects import ObjectStore
 
     config, bucket = s3job
@@ -121,7 +121,7 @@ def test_a_second_live_run_on_the_prefix_is_refused(s3job, s3_server):
 def test_a_lease_nobody_renewed_is_taken_over(s3job, s3_server):
     """A run on another machine that died: its lock names a foreign host and was last renewed
     longer ago than the lease; the next run takes it over and completes."""
-    from bulkinfer.objledger import LEASE_S
+    from bulkinfer.commit.objledger import LEASE_S
 
     config, bucket = s3job
     stale = {"pid": 1, "host": "another-machine", "since": 0, "renewed": time.time() - LEASE_S - 1}
@@ -267,7 +267,7 @@ def test_a_store_that_keeps_failing_stops_the_job_with_one_line_and_keeps_what_w
 def test_an_index_is_built_from_an_output_in_the_bucket(s3job, s3_server, tmp_path, monkeypatch):
     import pyarrow.parquet as pq_
 
-    from bulkinfer.index import IndexSpec, build_index
+    from bulkinfer.outputs.index import IndexSpec, build_index
 
     config, bucket = s3job
     run_job(config(**{"model.options": {}}))

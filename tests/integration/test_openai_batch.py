@@ -13,7 +13,7 @@ from openai.types import BatchError, Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import Interrupted
+from bulkinfer.core.errors import Interrupted
 
 from helpers import stop_after_commits
 from tiny_lm import WORDS, tiny_lm

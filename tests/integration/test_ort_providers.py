@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from bulkinfer.config import load_config
+from bulkinfer.core.errors import ConfigError, ModelError
 from bulkinfer.engines.ort_engine import OrtEngine, _build, cache_entry, started, tensorrt_options
-from bulkinfer.errors import ConfigError, ModelError
 
 from helpers import tiny_st_model
 
@@ -105,7 +105,7 @@ def test_the_tensorrt_graph_is_the_plain_export_in_its_own_entry_and_gives_the_f
 
 
 def test_tune_refuses_a_tensorrt_job_in_one_line():
-    from bulkinfer.tune import tune
+    from bulkinfer.precision.tune import tune
 
     cfg = load_config(sets=["runtime.tensorrt=true", "runtime.device=cuda", "runtime.precision=fp16"])
     with pytest.raises(ConfigError, match=r"^runtime.tensorrt: bulkinfer tune measures torch and onnxruntime"):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import Interrupted
+from bulkinfer.core.errors import Interrupted
 
 from helpers import cli, read_output, stop_after_commits, tabular_table, train_classifier, write
 

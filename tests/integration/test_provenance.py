@@ -9,7 +9,7 @@ import shutil
 import pyarrow.parquet as pq
 
 from bulkinfer import load_config, run_job
-from bulkinfer.status import inspect_part
+from bulkinfer.outputs.status import inspect_part
 
 from helpers import cli, tabular_table, train_classifier, write
 

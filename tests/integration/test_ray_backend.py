@@ -17,9 +17,9 @@ import pytest
 
 from bulkinfer import load_config, run_job
 from bulkinfer.adapters import build_adapter, resolve_model
-from bulkinfer.committer import Committer
-from bulkinfer.errors import ConfigError
-from bulkinfer.ledger import Ledger
+from bulkinfer.commit.committer import Committer
+from bulkinfer.commit.ledger import Ledger
+from bulkinfer.core.errors import ConfigError
 from bulkinfer.report import RunStats
 from bulkinfer.sinks import make_sink
 from bulkinfer.sources import list_inputs, plan_shards
@@ -303,7 +303,7 @@ def test_ray_workers_write_to_an_object_store(tmp_path, local_ray, user_module, 
 
 def test_a_knn_job_on_ray_equals_the_local_one(tmp_path, local_ray, user_module):
     """The index is the model: each worker loads it once (in setup) and answers its shards."""
-    from bulkinfer.index import IndexSpec, build_index
+    from bulkinfer.outputs.index import IndexSpec, build_index
 
     rng = np.random.default_rng(4)
     v = rng.normal(size=(600, 16)).astype(np.float32)
@@ -351,7 +351,7 @@ def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_
     import signal
     import time
 
-    from bulkinfer.ledger import Ledger
+    from bulkinfer.commit.ledger import Ledger
 
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -459,8 +459,9 @@ def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worke
     lacks the device, and a measurement or a model set up on it fails the test."""
     import logging
 
-    from bulkinfer import hardware, tune
     from bulkinfer.adapters.text import TextEmbeddingAdapter
+    from bulkinfer.core import hardware
+    from bulkinfer.precision import tune
 
     from helpers import tiny_st_model
 

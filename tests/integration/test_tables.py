@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import Interrupted, JobMismatchError, SourceError
+from bulkinfer.core.errors import Interrupted, JobMismatchError, SourceError
 
 from helpers import read_output, stop_after_commits, tabular_table, train_classifier
 

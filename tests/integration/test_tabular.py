@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.errors import ConfigError
+from bulkinfer.core.errors import ConfigError
 
 from helpers import read_output, tabular_table, train_classifier, write
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.batching import bisect_call, plan_batches, restore_order
+from bulkinfer.core.batching import bisect_call, plan_batches, restore_order
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=400)
 

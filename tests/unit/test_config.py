@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from bulkinfer.config import JobConfig, field_docs, load_config
-from bulkinfer.errors import ConfigError
+from bulkinfer.core.errors import ConfigError
 
 
 def test_toml_then_overrides_then_set(tmp_path):

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer.adapters import Adapter
-from bulkinfer.committer import Committer, remaining_work
+from bulkinfer.commit.committer import Committer, remaining_work
+from bulkinfer.commit.ledger import Ledger
 from bulkinfer.config import JobConfig
-from bulkinfer.ledger import Ledger
-from bulkinfer.records import decode_records
+from bulkinfer.core.records import decode_records
 from bulkinfer.report import RunStats
 from bulkinfer.runners import LocalRunner
 from bulkinfer.sinks import FileSink
@@ -127,7 +127,7 @@ def test_the_error_budget_stops_the_run_with_the_first_error(tmp_path):
     cfg, shards, _sink, ledger, stats, committer = _setup(tmp_path)
     strict = cfg.model_copy(update={"execution": cfg.execution.model_copy(update={"max_error_rate": 0.0})})
     committer.cfg = strict
-    from bulkinfer.errors import ErrorBudgetExceeded
+    from bulkinfer.core.errors import ErrorBudgetExceeded
 
     with pytest.raises(ErrorBudgetExceeded, match=r"1 rows failed, over the error budget of 0.*in\.jsonl row 3"):
         LocalRunner(strict, Doubler(frozenset({(3 * 37) % 1000})), stats, threading.Event()).run(shards, committer)

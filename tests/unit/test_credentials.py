@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from bulkinfer import load_config
-from bulkinfer.credentials import MASK, find_masked, redact_url, scrub
-from bulkinfer.errors import ConfigError
+from bulkinfer.core.credentials import MASK, find_masked, redact_url, scrub
+from bulkinfer.core.errors import ConfigError
 
 
 def test_scrub_masks_passwords_and_secret_options_and_keeps_everything_else():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.expr import Bin, Col, ExprError, In, IsNull, Lit, Neg, Not, columns, mask, parse, to_text
+from bulkinfer.core.expr import Bin, Col, ExprError, In, IsNull, Lit, Neg, Not, columns, mask, parse, to_text
 
 NAMES = st.sampled_from(["a", "b", "s", "flag", "proba_unsafe", "x.y", "my col"])
 NUMBERS = st.one_of(st.integers(0, 10**6), st.floats(0, 1e9, allow_nan=False, allow_infinity=False))

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bulkinfer import hardware
+from bulkinfer.core import hardware
 
 AVX2 = "processor : 0\nmodel name : AMD EPYC\nflags : fpu sse2 avx avx2 fma\n"
 SAPPHIRE = (
@@ -103,7 +103,7 @@ def _measured(cache, monkeypatch, text, candidates, **overrides):
     import json
 
     from bulkinfer import load_config
-    from bulkinfer.tune import results_path
+    from bulkinfer.precision.tune import results_path
 
     monkeypatch.setattr(hardware, "cpu", lambda: {**hardware.parse_cpuinfo(text, "x86_64"), "cpus": 2})
     cfg = load_config(overrides={"model.name": "m", "runtime.cache_dir": str(cache), **overrides})
@@ -128,7 +128,7 @@ def test_precision_auto_is_the_fastest_measured_that_passed_and_is_not_emulated(
     from types import SimpleNamespace
 
     from bulkinfer import load_config
-    from bulkinfer.tune import auto_precision
+    from bulkinfer.precision.tune import auto_precision
 
     measured = [("onnxruntime", "fp32", 270.0, True), ("onnxruntime", "int8", 400.0, True),
                 ("torch", "fp32", 120.0, True), ("torch", "bf16", 500.0, True)]  # fmt: skip
@@ -146,7 +146,7 @@ def test_precision_auto_on_a_gpu_leaves_out_bf16_below_compute_capability_8(tmp_
     from types import SimpleNamespace
 
     from bulkinfer import load_config
-    from bulkinfer.tune import auto_precision, results_path
+    from bulkinfer.precision.tune import auto_precision, results_path
 
     monkeypatch.setattr(hardware, "gpu", lambda device: card if device.startswith("cuda") else None)
     measured = [("torch", "fp32", 3000.0, True), ("torch", "bf16", 9000.0, True), ("torch", "fp16", 8000.0, True)]
@@ -167,7 +167,7 @@ def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_f
     from types import SimpleNamespace
 
     from bulkinfer import load_config
-    from bulkinfer.tune import auto_precision
+    from bulkinfer.precision.tune import auto_precision
 
     model = SimpleNamespace(digest="d" * 64)
     _measured(tmp_path, monkeypatch, SAPPHIRE, [("onnxruntime", "int8", 400.0, True)])
@@ -183,7 +183,7 @@ def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_f
 
 
 def test_tune_tries_big_batches_and_torch_on_a_gpu_small_batches_and_every_engine_on_a_cpu():
-    from bulkinfer.tune import PRECISIONS, candidates_for
+    from bulkinfer.precision.tune import PRECISIONS, candidates_for
 
     assert candidates_for("cpu") == (PRECISIONS, (8, 16, 32, 64))
     pairs, sizes = candidates_for("cuda:0")
@@ -211,7 +211,7 @@ def test_the_warning_before_a_run_on_weak_kernels_cites_what_tune_measured_here(
     from bulkinfer import load_config
     from bulkinfer.adapters import resolve_model
     from bulkinfer.job import prepare
-    from bulkinfer.tune import results_path
+    from bulkinfer.precision.tune import results_path
 
     monkeypatch.setattr(hardware, "cpu", lambda: {**hardware.parse_cpuinfo(AVX2, "x86_64"), "cpus": 2})
     cfg = load_config(overrides={"model.name": "minilm", "model.text_column": "t", "source.paths": ["in.parquet"],

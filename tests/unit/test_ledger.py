@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.errors import JobMismatchError, LedgerError, LockedError
-from bulkinfer.ledger import Commit, Ledger
+from bulkinfer.commit.ledger import Commit, Ledger
+from bulkinfer.core.errors import JobMismatchError, LedgerError, LockedError
 from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from bulkinfer.quality import sample_rows
+from bulkinfer.precision.gate import sample_rows
 from bulkinfer.sources import list_inputs, plan_shards
 
 from helpers import write

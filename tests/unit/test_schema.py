@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bulkinfer.schema import convert_rows, fit_value, parse_type, type_name, unify
+from bulkinfer.core.schema import convert_rows, fit_value, parse_type, type_name, unify
 
 TYPES = [pa.null(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.bool_(), pa.date32()]
 

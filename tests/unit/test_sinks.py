@@ -45,7 +45,7 @@ def test_jsonl_and_csv_parts(tmp_path, table):
 
 
 def test_unwritable_directory_is_a_clear_error(tmp_path, table):
-    from bulkinfer.errors import OutputError
+    from bulkinfer.core.errors import OutputError
 
     missing = tmp_path / "gone"
     with pytest.raises(OutputError, match="cannot write the part"):

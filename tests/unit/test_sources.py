@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bulkinfer.sources.linescan as linescan
-from bulkinfer.errors import SourceError
+from bulkinfer.core.errors import SourceError
 from bulkinfer.sources import ROW, list_inputs, plan_shards, read_shard
 
 from helpers import tabular_table, write

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import JobConfig, RuntimeConfig
-from ..errors import ConfigError, ModelError
+from ..core.errors import ConfigError, ModelError
 from .base import (
     Adapter,
     RowsRejected,
@@ -232,7 +232,7 @@ def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: boo
 def resolve_precision(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
     """``cfg`` with a concrete ``runtime.precision`` (and engine) for ``run`` and ``serve``: "auto"
     becomes the fastest gate-passing precision measured for the model on this machine kind
-    (:func:`bulkinfer.tune.auto_precision`); fp32 for models precisions do not apply to."""
+    (:func:`bulkinfer.precision.tune.auto_precision`); fp32 for models precisions do not apply to."""
     rt = cfg.runtime
     if rt.precision != "auto":
         return cfg
@@ -240,7 +240,7 @@ def resolve_precision(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
     if model.kind != "text-embedding":
         engine, precision, why = rt.engine, "fp32", f"precisions apply to text models, this one is {model.kind}"
     else:
-        from ..tune import auto_precision
+        from ..precision.tune import auto_precision
 
         engine, precision, why = auto_precision(cfg, model)
     log.info("runtime.precision = auto: %s on %s (%s)", precision, engine, why)
@@ -255,7 +255,7 @@ def _tensorrt_rows(rt: RuntimeConfig) -> int | None:
         return None
     if "batch_size" not in rt.model_fields_set:
         return GPU_TEXT_BATCH
-    from ..tune import GPU_BATCH_SIZES
+    from ..precision.tune import GPU_BATCH_SIZES
 
     return rt.batch_size if isinstance(rt.batch_size, int) else max(GPU_BATCH_SIZES)
 
@@ -265,7 +265,7 @@ def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> J
     becomes what ``tune`` measured, and a size left unset becomes the adapter's hint (large
     for cheap tabular models)."""
     if cfg.runtime.batch_size == "auto":
-        from ..tune import auto_batch_size
+        from ..precision.tune import auto_batch_size
 
         size, why = auto_batch_size(cfg, model_digest, adapter.batch_size_hint)
         log.info("runtime.batch_size = auto: %d (%s)", size, why)

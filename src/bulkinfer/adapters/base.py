@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..batching import plan_batches, restore_order
-from ..errors import ModelError
+from ..core.batching import plan_batches, restore_order
+from ..core.errors import ModelError
 
 __all__ = [
     "Adapter",

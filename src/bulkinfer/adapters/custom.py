@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ModelError
+from ..core.errors import ModelError
 from .base import Adapter
 
 __all__ = ["FunctionAdapter", "load_custom"]

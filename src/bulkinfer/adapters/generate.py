@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import ModelConfig
-from ..errors import ConfigError, ModelError
+from ..core.errors import ConfigError, ModelError
 from ..llm.openai_api import (
     CHAT,
     COMPLETIONS,
@@ -159,7 +159,7 @@ class GenerateAdapter(Adapter):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from ..hardware import require_device
+        from ..core.hardware import require_device
         from ..llm.constrain import Grammars
 
         require_device(ctx.device)

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError, ModelError
-from ..outputs import file_version
+from ..core.errors import ConfigError, ModelError
+from ..outputs.read import file_version
 from .base import Adapter, SetupContext, predict_table
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class KnnAdapter(Adapter):
     batch_size_hint = 1024
 
     def __init__(self, index_path: str | Path, cfg: JobConfig) -> None:
-        from ..index import load_index_meta
+        from ..outputs.index import load_index_meta
 
         self.path = Path(index_path)
         self.meta = load_index_meta(self.path)
@@ -111,7 +111,7 @@ class KnnAdapter(Adapter):
         )  # fmt: skip
 
     def setup(self, ctx: SetupContext) -> None:
-        from ..index import load_faiss
+        from ..outputs.index import load_faiss
 
         load_faiss().omp_set_num_threads(max(1, ctx.threads))
         self._loaded, self._stamp = self._load()
@@ -123,7 +123,7 @@ class KnnAdapter(Adapter):
         return self._loaded[1] if self._loaded else None
 
     def _load(self) -> tuple[tuple[Any, pa.Array], tuple[int, int, int]]:
-        from ..index import load_faiss
+        from ..outputs.index import load_faiss
 
         stamp = file_version(Path(f"{self.path}.json"))  # the JSON is written last: a whole index is there
         try:
@@ -160,7 +160,7 @@ class KnnAdapter(Adapter):
             col = predict_table(self.text, table, batch_size=self.text_batch)["embedding"]
         else:
             col = table.column(self.query_column).combine_chunks()
-        from ..index import valid_vectors
+        from ..outputs.index import valid_vectors
 
         mat, keep, reasons = valid_vectors(col, None)
         if len(keep) != len(col):

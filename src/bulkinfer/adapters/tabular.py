@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ConfigError, ModelError
+from ..core.errors import ConfigError, ModelError
 from .base import Adapter, SetupContext
 
 __all__ = ["TabularAdapter"]

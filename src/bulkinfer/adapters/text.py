@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelError
+from ..core.errors import ModelError
 from .base import Adapter, SetupContext
 
 __all__ = ["TextEmbeddingAdapter", "is_sentence_transformers_dir"]
@@ -127,7 +127,7 @@ class TextEmbeddingAdapter(Adapter):
     def setup(self, ctx: SetupContext) -> None:
         from transformers import AutoTokenizer
 
-        from ..hardware import feed_the_gpu
+        from ..core.hardware import feed_the_gpu
 
         feed_the_gpu(ctx.device)
         try:

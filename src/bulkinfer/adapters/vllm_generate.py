@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ModelError
+from ..core.errors import ModelError
 from .base import SetupContext
 from .generate import GenerateAdapter, _Prompts
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import ConfigError, ModelError
+from ..core.errors import ConfigError, ModelError
 
 __all__ = ["TransformerEngine", "choose_engine", "default_cache_dir", "load_engine"]
 

@@ -356,7 +356,7 @@ def _plan_path(cache_dir: Path, model_digest: str, floor: float) -> Path:
     import hashlib
     import json
 
-    from ..hardware import int8_scheme, isa_key
+    from ..core.hardware import int8_scheme, isa_key
     from .ort_engine import EXPORT
 
     key = json.dumps(

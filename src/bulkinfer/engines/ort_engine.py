@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError
-from ..hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
+from ..core.errors import ModelError
+from ..core.hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
 from .int8 import OUTLIER_SHARE, OUTLIERS
 
 __all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
@@ -415,7 +415,7 @@ class OrtEngine:
         if on_gpu:
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
         if tensorrt:
-            from ..hardware import gpu
+            from ..core.hardware import gpu
 
             rows, tokens = tensorrt
             card = re.sub(r"[^A-Za-z0-9]+", "-", (gpu(device) or {}).get("name", "gpu")).strip("-")

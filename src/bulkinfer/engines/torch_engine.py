@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError
+from ..core.errors import ModelError
 
 __all__ = ["TorchEngine"]
 
@@ -25,7 +25,7 @@ class TorchEngine:
         from transformers import AutoModel
         from transformers.utils import logging as hf_logging
 
-        from ..hardware import require_device
+        from ..core.hardware import require_device
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()

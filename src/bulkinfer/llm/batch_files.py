@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..config import JobConfig
-from ..errors import ConfigError, SourceError
-from ..records import ErrorRecord, decode_records
+from ..core.errors import ConfigError, SourceError
+from ..core.records import ErrorRecord, decode_records
 from .openai_api import request_id
 
 __all__ = ["BATCH_ERRORS", "BATCH_OUTPUT", "error_line", "output_lines", "read_output_lines", "write_batch_files"]

@@ -7,7 +7,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["chat_prompt", "message_columns", "render", "template_columns"]
 

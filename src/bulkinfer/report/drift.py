@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .columns import OutputStats, sketch_of, vector_of
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def load_baseline(where: str | None) -> OutputStats | None:
     """The column statistics of ``monitor.baseline`` (checked before any inference)."""
     if where is None:
         return None
-    from ..ledger import PRIVATE
+    from ..commit.ledger import PRIVATE
     from ..sources.files import read_whole
     from .output import STATS
 

@@ -2,7 +2,7 @@
 
 Everything comes from what the run left behind (``report.json``, ``stats.json``,
 ``job.json``, ``_SUCCESS``, ``_errors/``) and, with ``--compare``, from
-:func:`bulkinfer.compare.compare_outputs`. Charts are drawn by matplotlib as inline SVG:
+:func:`bulkinfer.outputs.compare.compare_outputs`. Charts are drawn by matplotlib as inline SVG:
 no script, no stylesheet or font to fetch, so the file opens offline and prints. Every
 chart carries its figures as labels (no legend hunt) and a table beside it has the exact
 numbers.
@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import OutputError
-from ..ledger import ERRORS, SUCCESS
-from ..outputs import normalise, private_json
-from ..records import decode_records
+from ..commit.ledger import ERRORS, SUCCESS
+from ..core.errors import OutputError
+from ..core.records import decode_records
+from ..outputs.read import normalise, private_json
 from ..sources.files import read_whole
 
 __all__ = ["load_run", "render_report"]

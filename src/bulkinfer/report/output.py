@@ -11,14 +11,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..adapters import available_cpus
-from ..errors import ConfigError, OutputError
-from ..hardware import cpu, gpu, isa_key
+from ..core.errors import ConfigError, OutputError
+from ..core.hardware import cpu, gpu, isa_key
 from .columns import OutputStats, describe
 from .stats import RunStats
 
 if TYPE_CHECKING:
+    from ..commit.ledger import Commit, OutputLedger
     from ..config import JobConfig
-    from ..ledger import Commit, OutputLedger
 
 __all__ = [
     "STATS",

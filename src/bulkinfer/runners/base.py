@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ..records import ShardOutput
+from ..core.records import ShardOutput
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ..committer import PartStamp
-    from ..quality import GateFigures
+    from ..commit.committer import PartStamp
+    from ..precision.gate import GateFigures
     from ..sinks import StagedOutput
     from ..sources import Shard
 
@@ -43,7 +43,7 @@ class Gate(Protocol):
 
 
 class Committing(Protocol):
-    """What a runner hands finished shards to (:class:`~bulkinfer.committer.Committer`)."""
+    """What a runner hands finished shards to (:class:`~bulkinfer.commit.committer.Committer`)."""
 
     def __call__(self, out: ShardOutput) -> None:
         """Stage, publish and commit a shard finished in this process."""

@@ -34,15 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, to_arrow_column
-from ..batching import bisect_call, plan_batches, restore_order
 from ..config import JobConfig
-from ..errors import BulkinferError, ModelError, SourceError
-from ..records import ErrorRecord, ShardOutput
+from ..core.batching import bisect_call, plan_batches, restore_order
+from ..core.errors import BulkinferError, ModelError, SourceError
+from ..core.records import ErrorRecord, ShardOutput
+from ..core.schema import parse_type
 from ..report import RunStats
-from ..reuse import HASH_COLUMN, DedupeCache, PreviousOutput, Slot, row_hashes
-from ..schema import parse_type
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit, Gate
+from .reuse import HASH_COLUMN, DedupeCache, PreviousOutput, Slot, row_hashes
 
 __all__ = ["LocalRunner"]
 
@@ -128,7 +128,7 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
-        # results computed once (see bulkinfer.reuse): from a previous output, or from identical rows
+        # results computed once (see bulkinfer.runners.reuse): from a previous output, or from identical rows
         self.hash_columns = list(adapter.input_columns)
         self.write_hash = cfg.sink.input_hash or cfg.source.previous is not None
         self.previous: PreviousOutput | None = None

@@ -37,11 +37,11 @@ from typing import Any
 import pyarrow as pa
 
 from ..adapters import Adapter, job_setup_context
-from ..committer import PartStamp, stage_routed
+from ..commit.committer import PartStamp, stage_routed
+from ..commit.routing import compile_routes
 from ..config import ExecutionConfig, JobConfig
-from ..errors import BulkinferError, ClusterError, ConfigError, ModelError
+from ..core.errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..report import RunStats
-from ..routing import compile_routes
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
 from ..sources.files import use_storage_options
@@ -142,7 +142,7 @@ def _auto_on_worker(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> Any
     try:
         cfg = _enter(cfg_json, cwd, paths)
         from ..adapters import resolve_model
-        from ..tune import auto_precision
+        from ..precision.tune import auto_precision
 
         return (*auto_precision(cfg, resolve_model(cfg)), socket.gethostname())
     except BulkinferError as exc:
@@ -184,14 +184,14 @@ class Worker:
         from ..adapters import build_adapter, resolve_model
 
         self.cfg = _enter(cfg_json, cwd, paths)
-        from ..records import redact
+        from ..core.records import redact
 
         redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
         self.sink = make_sink(self.cfg)
         self.routes = compile_routes(self.cfg)
         self.runner: Any = None
         self.error: BaseException | None = None
-        from ..reuse import DedupeCache
+        from .reuse import DedupeCache
 
         self.previous: Any = None  # the previous output's index (--incremental-from), loaded on first use
         self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
@@ -209,7 +209,7 @@ class Worker:
     def gate(self, shards: list[Shard]) -> Any:
         """The quality gate with this worker's model (its node has the job's device, which the
         driver may lack): the figures, or the error the driver raises."""
-        from ..quality import gate_figures
+        from ..precision.gate import gate_figures
 
         if self.error is not None:
             return self.error
@@ -326,7 +326,7 @@ class RayRunner:
 
     def _device_here(self) -> bool:
         """Whether this process can run the job's device (a GPU job's driver often has none)."""
-        from .. import hardware
+        from ..core import hardware
 
         return hardware.device_here(self.cfg.runtime.device)
 

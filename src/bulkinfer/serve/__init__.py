@@ -23,7 +23,7 @@ def serve(cfg: JobConfig) -> None:
     """Serve ``cfg``'s model until interrupted (SIGINT/SIGTERM: finish requests, then stop)."""
     import uvicorn
 
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
     from .app import build_app
 
     if not cfg.model.name:
@@ -39,7 +39,7 @@ def serve(cfg: JobConfig) -> None:
             "serving on %s without serve.api_keys_file: anyone who can reach this address can call the model",
             sv.host,
         )
-    from ..records import redact
+    from ..core.records import redact
 
     redact(cfg.execution.redact)
     app = build_app(cfg)
@@ -77,7 +77,7 @@ def _reload_keys_on_sighup(server: Any) -> None:
     """SIGHUP reads serve.api_keys_file again (new keys, revoked keys, new limits) without a restart."""
     import signal
 
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     if server.keys.path is None or not hasattr(signal, "SIGHUP"):
         return

@@ -34,9 +34,9 @@ from ..adapters import (
     resolve_precision,
 )
 from ..config import JobConfig
-from ..errors import BulkinferError
+from ..core.errors import BulkinferError
+from ..core.records import withheld
 from ..llm.openai_api import CHAT, COMPLETIONS
-from ..records import withheld
 from . import openai
 from .audit import AuditLog
 from .auth import KeyRing

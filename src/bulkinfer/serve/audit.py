@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["AuditLog"]
 

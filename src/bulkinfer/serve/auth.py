@@ -23,7 +23,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .validation import ApiError
 
 __all__ = ["ApiKey", "KeyRing", "key_id", "load_keys"]

@@ -9,7 +9,7 @@ start-up by :func:`measure_call_overhead`): merging a 5-token and a 70-token tex
 one padded call is slower than two calls on a CPU, faster on a GPU. Each request gets
 its own rows back, with its token count (the tokenizing is done once, here).
 When the merged call fails, the requests are bisected (the engine's
-:func:`~bulkinfer.batching.bisect_call`) so a bad row fails only its own request. The
+:func:`~bulkinfer.core.batching.bisect_call`) so a bad row fails only its own request. The
 queue is bounded in rows: past ``max_queue_rows`` a request is refused at once
 (:class:`Overloaded`) rather than left to time out.
 """
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..adapters import Adapter, predict_features
-from ..batching import bisect_call
+from ..core.batching import bisect_call
 
 __all__ = ["Answer", "Batcher", "Overloaded", "measure_call_overhead"]
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..credentials import redact_url
-from ..errors import ConfigError
+from ..core.credentials import redact_url
+from ..core.errors import ConfigError
 from ..sinks.redis import connect, decode_value, parse_key
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError
-from ..outputs import file_version
+from ..core.errors import ConfigError
+from ..outputs.read import file_version
 
 __all__ = ["ResultIndex"]
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..records import redacting
+from ..core.records import redacting
 
 __all__ = ["ApiError", "JSONResponse", "check_rows", "error_response", "live_inputs", "read_body"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .base import Part, Published, Sink, Staged, StagedOutput
 from .files import ERRORS, EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
 

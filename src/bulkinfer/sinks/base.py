@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..records import ShardOutput
+    from ..core.records import ShardOutput
     from ..sources import Shard
 
 __all__ = ["Part", "Published", "Sink", "Staged", "StagedOutput"]

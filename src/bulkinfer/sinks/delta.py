@@ -24,8 +24,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..errors import OutputError
-from ..faults import crash_point
+from ..core.errors import OutputError
+from ..core.faults import crash_point
 from .base import Part, Published, StagedOutput
 from .files import FileSink
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from ..errors import OutputError
+from ..core.errors import OutputError
 
 if TYPE_CHECKING:
     from ..config import ExportConfig, JobConfig

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..errors import OutputError
-from ..faults import crash_point, io_point
-from ..records import ShardOutput, encode_records
+from ..core.errors import OutputError
+from ..core.faults import crash_point, io_point
+from ..core.records import ShardOutput, encode_records
 from .base import Part, Published, Staged, StagedOutput
 
 __all__ = [

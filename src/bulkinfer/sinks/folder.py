@@ -23,7 +23,7 @@ __all__ = ["FolderTarget"]
 
 class FolderTarget:
     def __init__(self, spec: FolderExport, where: str) -> None:
-        from ..errors import ConfigError
+        from ..core.errors import ConfigError
         from . import is_remote
 
         if not spec.path:
@@ -41,7 +41,7 @@ class FolderTarget:
             self.store = ObjectStore(self.spec.path, self.spec.storage_options)
             self.store.check_writable()
         else:
-            from ..errors import OutputError
+            from ..core.errors import OutputError
 
             folder = Path(self.spec.path.removeprefix("file://")).expanduser()
             try:

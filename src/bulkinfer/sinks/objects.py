@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from ..errors import ConfigError, OutputError
-from ..faults import crash_point
-from ..records import ShardOutput, encode_records
+from ..core.errors import ConfigError, OutputError
+from ..core.faults import crash_point
+from ..core.records import ShardOutput, encode_records
 from .base import Part, Published, Staged, StagedOutput
 from .files import ERRORS, EXTENSIONS, part_name, serialize
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import ConfigError, OutputError
-from ..faults import crash_point
+from ..core.errors import ConfigError, OutputError
+from ..core.faults import crash_point
 from .exports import is_vector, retrying, value_columns, vectors
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from ..credentials import redact_url
-from ..errors import ConfigError, OutputError
+from ..core.credentials import redact_url
+from ..core.errors import ConfigError, OutputError
 from .exports import is_vector, retrying, value_columns, vectors
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..credentials import redact_url
-from ..errors import OutputError
+from ..core.credentials import redact_url
+from ..core.errors import OutputError
 from .exports import retrying, value_columns
 from .redis import connect, encode_fields
 

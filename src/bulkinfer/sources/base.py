@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 
 if TYPE_CHECKING:
     from .files import InputFile

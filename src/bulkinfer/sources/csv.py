@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered, slices
 from .files import InputFile, filesystem, read_range
 from .linescan import cut_spans, next_lines, skip_line

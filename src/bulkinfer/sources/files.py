@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 
 __all__ = [
     "InputFile",

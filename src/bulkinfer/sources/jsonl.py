@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from ..schema import fit_value
+from ..core.schema import fit_value
 from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered
 from .files import InputFile, filesystem, open_binary, read_range
 from .linescan import cut_spans, line_ends

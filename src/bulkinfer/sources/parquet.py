@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .base import BadRow, Shard, Span, check_file_columns
 from .files import InputFile, parquet_footer, path_or_file
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .base import Format
 from .csv import CsvFormat
 from .jsonl import JsonlFormat

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SourceError
-from ..schema import convert_rows
+from ..core.errors import SourceError
+from ..core.schema import convert_rows
 from .base import MAX_RECORD_BYTES, ROW, BadRow, Shard, numbered
 from .files import InputFile
 from .registry import get_format

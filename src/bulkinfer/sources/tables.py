@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, SourceError
+from ..core.errors import ConfigError, SourceError
 from .files import InputFile
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """Columns and their types across files: the needed columns must be there, and each gets
-one type (see :mod:`bulkinfer.schema`) read from the files' heads."""
+one type (see :mod:`bulkinfer.core.schema`) read from the files' heads."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from ..errors import SourceError
-from ..schema import unify
+from ..core.errors import SourceError
+from ..core.schema import unify
 from .files import InputFile
 from .registry import get_format
 

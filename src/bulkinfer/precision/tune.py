@@ -24,14 +24,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .adapters import SetupContext, available_cpus, build_adapter, resolve_model
-from .config import JobConfig
-from .engines import choose_engine, default_cache_dir
-from .errors import BulkinferError, ConfigError, QualityGateError
-from .quality import partial_int8, quality_gate, run_adapter, sample_rows, searchable
-from .sinks import write_bytes
-from .sources import list_inputs, plan_shards
-from .sources.files import use_storage_options
+from ..adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from ..config import JobConfig
+from ..core.errors import BulkinferError, ConfigError, QualityGateError
+from ..engines import choose_engine, default_cache_dir
+from ..sinks import write_bytes
+from ..sources import list_inputs, plan_shards
+from ..sources.files import use_storage_options
+from .gate import partial_int8, quality_gate, run_adapter, sample_rows, searchable
 
 log = logging.getLogger("bulkinfer")
 
@@ -128,7 +128,7 @@ def tune(
         return _tune_processes(cfg, model, shards, sample_size, on_candidate)
     if model.kind != "text-embedding":
         raise ConfigError(f"tune: measures text, tabular and custom models; this one is {model.kind}")
-    from .hardware import emulated
+    from ..core.hardware import emulated
 
     result = TuneResult()
     sample = None
@@ -228,7 +228,7 @@ def _tune_processes(
     """A model precisions do not apply to: one process with every CPU's threads against one
     single-threaded process per CPU; the tuned job runs the faster (the Ray backend with
     ``num_cpus = 1`` for the second)."""
-    from .parallel import measure
+    from .measure import measure
 
     cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"precision": "fp32"})})  # "auto" too
     adapter = build_adapter(cfg, model)
@@ -265,12 +265,12 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     among the engines ``runtime.engine`` allows and never a precision emulated here. With no
     measurements, a calibration: ``tune`` on ``CALIBRATION_ROWS`` rows of the job at its
     batch size, kept where ``tune`` keeps its results (so it runs once per machine kind)."""
-    from . import hardware
-    from .hardware import emulated, isa_key
+    from ..core import hardware
+    from ..core.hardware import emulated, isa_key
 
     rt = cfg.runtime
     if cfg.execution.backend == "ray" and not hardware.device_here(rt.device):  # a Ray driver on a CPU node
-        from .runners.ray import auto_on_cluster
+        from ..runners.ray import auto_on_cluster
 
         return auto_on_cluster(cfg)
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
@@ -315,7 +315,7 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
 def _machine() -> str:
     """What makes a measurement hold on another machine: CPU model, CPUs usable, architecture and
     the instruction sets the fast paths use (hardware.isa_key)."""
-    from .hardware import cpu, isa_key
+    from ..core.hardware import cpu, isa_key
 
     return f"{cpu()['model']} x{available_cpus()} {isa_key()}"
 
@@ -358,8 +358,8 @@ def _candidates(path: Path) -> list[dict[str, Any]] | None:
 def results_path(cfg: JobConfig, model_digest: str) -> Path:
     """Where ``tune`` keeps its measurements for this model, device, machine and ONNX export version."""
     root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
-    from .engines.ort_engine import EXPORT
-    from .hardware import gpu
+    from ..core.hardware import gpu
+    from ..engines.ort_engine import EXPORT
 
     where = cfg.runtime.device + (f" {gpu(cfg.runtime.device)}" if cfg.runtime.device.startswith("cuda") else "")
     # the export's version too: figures measured on an older graph are not this one's

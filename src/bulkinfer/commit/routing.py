@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .expr import Expr, mask, parse
+from ..core.expr import Expr, mask, parse
 
 if TYPE_CHECKING:
-    from .config import JobConfig
+    from ..config import JobConfig
 
 __all__ = ["DEFAULT", "Route", "compile_routes", "split"]
 

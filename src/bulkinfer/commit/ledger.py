@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import JobMismatchError, LedgerError, LockedError, OutputError
-from .plan import JobPlan, describe_change
-from .records import ErrorRecord, encode_records
-from .sinks import ERRORS, Part, write_bytes
+from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.records import ErrorRecord, encode_records
+from ..plan import JobPlan, describe_change
+from ..sinks import ERRORS, Part, write_bytes
 
 __all__ = [
     "ERRORS",
@@ -120,7 +120,7 @@ def _is_ours(name: str) -> bool:
 
 class OutputLedger(Protocol):
     """What a run needs of an output's ledger: :class:`Ledger` for a folder,
-    :class:`~bulkinfer.objledger.ObjectLedger` for an object-store prefix."""
+    :class:`~bulkinfer.commit.objledger.ObjectLedger` for an object-store prefix."""
 
     out_dir: Any
     errors_dir: Any

@@ -14,9 +14,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .errors import SourceError
-from .outputs import normalise
-from .sources.files import filesystem
+from ..core.errors import SourceError
+from ..sources.files import filesystem
+from .read import normalise
 
 __all__ = ["collect_runs", "render", "sum_costs"]
 

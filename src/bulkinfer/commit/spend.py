@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from .config import JobConfig
-from .errors import ConfigError
-from .report import RunStats
+from ..config import JobConfig
+from ..core.errors import ConfigError
+from ..report import RunStats
 
 __all__ = ["CostGuard"]
 
@@ -18,7 +18,7 @@ class CostGuard:
     """Stops the run (``stop``) once its projected cost passes ``execution.max_cost``."""
 
     def __init__(self, cfg: JobConfig, stats: RunStats, stop: threading.Event) -> None:
-        from .report.output import instance_price
+        from ..report.output import instance_price
 
         self.limit = cfg.execution.max_cost
         self.price, _source = instance_price(cfg)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .committer import remaining_work
-from .errors import OutputError
-from .ledger import ERRORS, SUCCESS, Ledger
+from ..commit.committer import remaining_work
+from ..commit.ledger import ERRORS, SUCCESS, Ledger
+from ..core.errors import OutputError
 
 if TYPE_CHECKING:
-    from .objledger import ObjectLedger
+    from ..commit.objledger import ObjectLedger
 
 __all__ = ["inspect_output", "inspect_part", "is_part_file"]
 
@@ -29,8 +29,8 @@ def inspect_part(where: str) -> dict[str, Any]:
 
     import pyarrow.parquet as pq
 
-    from .committer import PROVENANCE_KEY
-    from .sources.files import read_whole
+    from ..commit.committer import PROVENANCE_KEY
+    from ..sources.files import read_whole
 
     if not where.endswith(".parquet"):
         raise OutputError(f"{where}: only Parquet parts carry their provenance; inspect the output folder instead")
@@ -75,11 +75,11 @@ def _count_error_records(path: Path) -> int:
 
 def inspect_output(out_dir: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Describe the job in ``out_dir`` (a folder or an object-store prefix) without changing anything."""
-    from .sinks import is_remote
+    from ..sinks import is_remote
 
     if is_remote(str(out_dir)):
-        from .objledger import ObjectLedger
-        from .sinks.objects import ObjectStore
+        from ..commit.objledger import ObjectLedger
+        from ..sinks.objects import ObjectStore
 
         store = ObjectStore(str(out_dir), storage_options or {})
         remote = ObjectLedger(store)

@@ -38,9 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, OutputError, QualityGateError, SourceError
-from .outputs import Part, finished_output, normalise, part_batches
-from .sinks.files import write_bytes
+from ..core.errors import ConfigError, OutputError, QualityGateError, SourceError
+from ..sinks.files import write_bytes
+from .read import Part, finished_output, normalise, part_batches
 
 __all__ = ["IndexReport", "IndexSpec", "build_index", "load_faiss", "load_index_meta", "valid_vectors"]
 

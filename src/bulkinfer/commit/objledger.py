@@ -33,11 +33,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.records import ErrorRecord, encode_records
+from ..plan import JobPlan, describe_change
+from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
 from .ledger import ERRORS, PRIVATE, SUCCESS, Commit, active_error_files
-from .plan import JobPlan, describe_change
-from .records import ErrorRecord, encode_records
-from .sinks.objects import TEMPORARY, ObjectStore, staged_key
 
 __all__ = ["LEASE_S", "ObjectLedger"]
 

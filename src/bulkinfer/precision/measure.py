@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .adapters import SetupContext, build_adapter, predict_table
+from ..adapters import SetupContext, build_adapter, predict_table
 
 if TYPE_CHECKING:
-    from .adapters import ResolvedModel
-    from .config import JobConfig
+    from ..adapters import ResolvedModel
+    from ..config import JobConfig
 
 __all__ = ["Throughput", "measure"]
 
@@ -52,8 +52,8 @@ def _ready(cfg: JobConfig, model: ResolvedModel, sample: pa.Table, batch_size: i
 def _worker(cfg: dict[str, Any], model: tuple[str, str, str], sample: bytes, batch_size: int, seconds: float,
             start: Any, results: Any) -> None:  # fmt: skip
     """One process of a parallel measurement: set up with one thread, wait for the others, time."""
-    from .adapters import ResolvedModel
-    from .config import JobConfig
+    from ..adapters import ResolvedModel
+    from ..config import JobConfig
 
     table = pa.ipc.open_stream(sample).read_all()
     adapter = _ready(JobConfig.model_validate(cfg), ResolvedModel(*model), table, batch_size, threads=1)
@@ -68,7 +68,7 @@ def measure(
     """Rows/s of ``processes`` processes running the model on ``sample`` at once (one thread
     each; with 1, this process with every CPU it may use), after each set up and warmed up."""
     if processes == 1:
-        from .adapters import available_cpus
+        from ..adapters import available_cpus
 
         adapter = _ready(cfg, model, sample, batch_size, threads=cfg.runtime.threads or available_cpus())
         try:

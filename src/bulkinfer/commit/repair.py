@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from .errors import LedgerError
+from ..core.errors import LedgerError
 from .ledger import Commit, Ledger
 
 __all__ = ["rebuild_ledger"]

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .adapters import ResolvedModel
-    from .config import JobConfig
-    from .plan import JobPlan
+    from ..adapters import ResolvedModel
+    from ..config import JobConfig
+    from ..plan import JobPlan
 
 __all__ = ["Lineage", "dataset_name"]
 
@@ -154,7 +154,7 @@ class Lineage:
             tags_job,
         )
 
-        from ._version import __version__
+        from .._version import __version__
 
         model_facet, run_facet = _facet_classes()
         cfg, plan = self.cfg, self.plan

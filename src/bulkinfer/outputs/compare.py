@@ -36,13 +36,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import SourceError
-from .outputs import Part, finished_output, normalise, part_batches, part_schema
-from .records import decode_records
-from .report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
-from .report.drift import psi_from_sketches
-from .reuse import id_keys, splitmix64
-from .sources.files import read_whole
+from ..core.errors import SourceError
+from ..core.records import decode_records
+from ..report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
+from ..report.drift import psi_from_sketches
+from ..runners.reuse import id_keys, splitmix64
+from ..sources.files import read_whole
+from .read import Part, finished_output, normalise, part_batches, part_schema
 
 __all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
 
@@ -481,7 +481,7 @@ def gate(condition: str, figs: Mapping[str, float | None]) -> tuple[bool, dict[s
     """Whether ``condition`` holds for the figures (then the gate fails), and the figures it read.
     A figure it reads that could not be computed fails the gate: a canary that measured nothing
     must not pass."""
-    from .expr import ExprError, columns, mask, parse
+    from ..core.expr import ExprError, columns, mask, parse
 
     node = parse(condition, "--fail-if")
     used = sorted(columns(node))

@@ -31,12 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ConfigError, SourceError
+from ..core.errors import ConfigError, SourceError
 
 if TYPE_CHECKING:
-    from .config import JobConfig
-    from .ledger import OutputLedger
-    from .plan import JobPlan
+    from ..commit.ledger import OutputLedger
+    from ..config import JobConfig
+    from ..plan import JobPlan
 
 __all__ = [
     "DELETED",
@@ -132,7 +132,7 @@ class PreviousOutput:
     """The rows of an earlier output a run may take results from (read-only)."""
 
     def __init__(self, where: str, id_column: str) -> None:
-        from .outputs import finished_output, part_batches
+        from ..outputs.read import finished_output, part_batches
 
         self.where = where
         self.id_column = id_column
@@ -207,7 +207,7 @@ class PreviousOutput:
     def _part(self, i: int, columns: list[str]) -> pa.Table:
         import pyarrow.parquet as pq
 
-        from .sources.files import path_or_file
+        from ..sources.files import path_or_file
 
         with self._lock:
             if i in self._cache:
@@ -226,7 +226,7 @@ class PreviousOutput:
 
 
 def _schema_names(parts: list[Any]) -> list[str]:
-    from .outputs import part_schema
+    from ..outputs.read import part_schema
 
     schema = part_schema(parts)
     return list(schema.names) if schema is not None else []
@@ -234,7 +234,7 @@ def _schema_names(parts: list[Any]) -> list[str]:
 
 def check_previous(where: str, id_column: str | None, sink_format: str) -> dict[str, Any]:
     """The previous output's job.json, after checking it can serve an incremental run."""
-    from .outputs import finished_output
+    from ..outputs.read import finished_output
 
     require_id(id_column)
     if sink_format != "parquet":
@@ -253,7 +253,7 @@ def check_previous(where: str, id_column: str | None, sink_format: str) -> dict[
 
 def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
     """The previous output's ids that ``current`` (id keys) no longer has."""
-    from .outputs import finished_output, part_batches
+    from ..outputs.read import finished_output, part_batches
 
     parts, _ = finished_output(where, "reused (--incremental-from)")
     now = np.sort(current)
@@ -279,8 +279,8 @@ def write_deleted(
 
     import pyarrow.parquet as pq
 
-    from .schema import parse_type
-    from .sources import read_shard
+    from ..core.schema import parse_type
+    from ..sources import read_shard
 
     id_col = cfg.source.id_column or ""
     types = {c: parse_type(t) for c, t in (plan.column_types or {}).items() if c == id_col}

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import SourceError
-from .ledger import PRIVATE, SUCCESS
-from .sources.files import path_or_file, read_whole
+from ..commit.ledger import PRIVATE, SUCCESS
+from ..core.errors import SourceError
+from ..sources.files import path_or_file, read_whole
 
 __all__ = [
     "BATCH_ROWS",

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .adapters import Adapter, SetupContext, available_cpus, build_adapter, predict_table, to_numpy_column
-from .errors import QualityGateError
-from .sources import ROW, Shard, read_shard
+from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, predict_table, to_numpy_column
+from ..core.errors import QualityGateError
+from ..sources import ROW, Shard, read_shard
 
 if TYPE_CHECKING:
-    from .adapters import ResolvedModel
-    from .config import JobConfig
-    from .ledger import OutputLedger
+    from ..adapters import ResolvedModel
+    from ..commit.ledger import OutputLedger
+    from ..config import JobConfig
 
     # computes the gate's figures (raising QualityGateError below the floor): gate_figures here,
     # or the same on a cluster node that has the job's device (the Ray runner)
@@ -195,7 +195,7 @@ def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards:
 
 def searchable(cfg: JobConfig, adapter: Adapter) -> bool:
     """Whether an int8 that failed the gate can be searched for blocks to keep in fp32."""
-    from .adapters.text import TextEmbeddingAdapter
+    from ..adapters.text import TextEmbeddingAdapter
 
     rt = cfg.runtime
     return (
@@ -214,9 +214,9 @@ def partial_int8(
     with every build tried when only fp32 would pass."""
     import time
 
-    from .engines import default_cache_dir
-    from .engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
-    from .hardware import int8_scheme
+    from ..core.hardware import int8_scheme
+    from ..engines import default_cache_dir
+    from ..engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
 
     rt = cfg.runtime
     threads = rt.threads or available_cpus()

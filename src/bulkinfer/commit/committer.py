@@ -13,23 +13,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import ErrorBudgetExceeded
-from .faults import crash_point
+from ..core.errors import ErrorBudgetExceeded
+from ..core.faults import crash_point
+from ..core.records import decode_records
+from ..report.columns import describe
 from .ledger import ERRORS, Commit, OutputLedger
-from .records import decode_records
-from .report.columns import describe
 from .routing import DEFAULT, Route, split
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .config import JobConfig
-    from .records import ShardOutput
-    from .report import RunStats
-    from .sinks import Sink, StagedOutput
-    from .sinks.base import Published
-    from .sinks.exports import ExportTarget
-    from .sources import Shard
+    from ..config import JobConfig
+    from ..core.records import ShardOutput
+    from ..report import RunStats
+    from ..sinks import Sink, StagedOutput
+    from ..sinks.base import Published
+    from ..sinks.exports import ExportTarget
+    from ..sources import Shard
 
 __all__ = [
     "PROVENANCE_KEY",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .sources import Shard
+    from ..sources import Shard
 
 __all__ = ["ErrorRecord", "ShardOutput", "decode_records", "encode_records", "redact", "redacting", "withheld"]
 
