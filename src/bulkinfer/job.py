@@ -32,6 +32,7 @@ from .config import JobConfig
 from .core.errors import BulkinferError, CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .core.hardware import emulation_warning
 from .core.records import redact
+from .core.storage import use_storage_options
 from .llm.batch_files import batch_config, write_batch_files
 from .plan import JobPlan, job_identity, make_plan
 from .precision.gate import job_quality_gate
@@ -41,10 +42,8 @@ from .report.lineage import Lineage
 from .report.output import instance_price, load_output_stats
 from .runners import make_runner
 from .runners.reuse import HASH_COLUMN, write_deleted
-from .sinks import Sink, make_sink
-from .sinks.exports import ExportTarget, make_exports, make_route_targets
+from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
 from .sources import Shard
-from .sources.files import use_storage_options
 
 if TYPE_CHECKING:
     from .precision.gate import GateFigures

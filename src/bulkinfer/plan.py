@@ -21,8 +21,9 @@ from .core.credentials import scrub
 from .core.errors import SourceError
 from .core.records import ErrorRecord
 from .core.schema import type_name
+from .core.storage import concurrently
 from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
-from .sources.files import concurrently, forget_footers
+from .sources.parquet import forget_footers
 
 if TYPE_CHECKING:
     from .adapters import Adapter, ResolvedModel

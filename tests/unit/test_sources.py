@@ -263,7 +263,7 @@ def test_lone_carriage_returns_end_lines_only_inside_quotes(tmp_path):
 def test_planning_work_runs_on_threads_for_object_stores_in_order_with_the_first_error():
     import threading
 
-    from bulkinfer.sources.files import concurrently
+    from bulkinfer.core.storage import concurrently
 
     seen: set[str] = set()
 

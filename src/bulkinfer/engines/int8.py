@@ -357,7 +357,7 @@ def _plan_path(cache_dir: Path, model_digest: str, floor: float) -> Path:
     import json
 
     from ..core.hardware import int8_scheme, isa_key
-    from .ort_engine import EXPORT
+    from .versions import EXPORT
 
     key = json.dumps(
         {"model": model_digest, "export": EXPORT, "isa": isa_key(), **int8_scheme(), "floor": floor, "search": SEARCH},

@@ -51,6 +51,7 @@ import numpy as np
 from ..core.errors import ModelError
 from ..core.hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
 from .int8 import OUTLIER_SHARE, OUTLIERS
+from .versions import EXPORT, OPSET
 
 __all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
 
@@ -62,8 +63,6 @@ class _DropAdvice(logging.Filter):
         return not str(record.msg).startswith("Please consider to run pre-processing before quantization")
 
 
-OPSET = 17
-EXPORT = 3  # 2: BERT encoders fused (Attention, EmbedLayerNormalization...); 3: without SkipLayerNormalization
 CPU_UNFUSED = ["SkipLayerNormFusion"]  # onnxruntime's fusions a CPU session skips (see above)
 
 

@@ -99,7 +99,7 @@ def batch_config(cfg: JobConfig) -> JobConfig:
 
 
 def _batch_files(patterns: list[str]) -> bool:
-    from ..sources.files import expand_inputs
+    from ..sources.listing import expand_inputs
     from ..sources.openai_batch import looks_like_batch
 
     try:

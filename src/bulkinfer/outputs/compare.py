@@ -38,10 +38,10 @@ import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
 from ..core.records import decode_records
+from ..core.storage import read_whole
 from ..report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
 from ..report.drift import psi_from_sketches
 from ..runners.reuse import id_keys, splitmix64
-from ..sources.files import read_whole
 from .read import Part, finished_output, normalise, part_batches, part_schema
 
 __all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.errors import SourceError
-from ..sources.files import filesystem
+from ..core.storage import filesystem
 from .read import normalise
 
 __all__ = ["collect_runs", "render", "sum_costs"]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..commit.ledger import PRIVATE, SUCCESS
 from ..core.errors import SourceError
-from ..sources.files import path_or_file, read_whole
+from ..core.storage import path_or_file, read_whole
 
 __all__ = [
     "BATCH_ROWS",

@@ -30,7 +30,7 @@ def inspect_part(where: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from ..commit.committer import PROVENANCE_KEY
-    from ..sources.files import read_whole
+    from ..core.storage import read_whole
 
     if not where.endswith(".parquet"):
         raise OutputError(f"{where}: only Parquet parts carry their provenance; inspect the output folder instead")

@@ -27,10 +27,10 @@ from typing import Any
 from ..adapters import SetupContext, available_cpus, build_adapter, resolve_model
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError, QualityGateError
+from ..core.storage import use_storage_options
 from ..engines import choose_engine, default_cache_dir
 from ..sinks import write_bytes
 from ..sources import list_inputs, plan_shards
-from ..sources.files import use_storage_options
 from .gate import partial_int8, quality_gate, run_adapter, sample_rows, searchable
 
 log = logging.getLogger("bulkinfer")
@@ -359,7 +359,7 @@ def results_path(cfg: JobConfig, model_digest: str) -> Path:
     """Where ``tune`` keeps its measurements for this model, device, machine and ONNX export version."""
     root = Path(cfg.runtime.cache_dir).expanduser() if cfg.runtime.cache_dir else default_cache_dir()
     from ..core.hardware import gpu
-    from ..engines.ort_engine import EXPORT
+    from ..engines.versions import EXPORT
 
     where = cfg.runtime.device + (f" {gpu(cfg.runtime.device)}" if cfg.runtime.device.startswith("cuda") else "")
     # the export's version too: figures measured on an older graph are not this one's

@@ -120,7 +120,7 @@ def load_baseline(where: str | None) -> OutputStats | None:
     if where is None:
         return None
     from ..commit.ledger import PRIVATE
-    from ..sources.files import read_whole
+    from ..core.storage import read_whole
     from .output import STATS
 
     data = read_whole(f"{where.rstrip('/')}/{PRIVATE}/{STATS}")

@@ -22,8 +22,8 @@ from typing import Any
 from ..commit.ledger import ERRORS, SUCCESS
 from ..core.errors import OutputError
 from ..core.records import decode_records
+from ..core.storage import read_whole
 from ..outputs.read import normalise, private_json
-from ..sources.files import read_whole
 
 __all__ = ["load_run", "render_report"]
 

@@ -41,10 +41,10 @@ from ..commit.committer import PartStamp, stage_routed
 from ..commit.routing import compile_routes
 from ..config import ExecutionConfig, JobConfig
 from ..core.errors import BulkinferError, ClusterError, ConfigError, ModelError
+from ..core.storage import use_storage_options
 from ..report import RunStats
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
-from ..sources.files import use_storage_options
 from .base import Committing, Gate
 
 __all__ = ["RayRunner", "auto_on_cluster", "connect", "disconnect"]

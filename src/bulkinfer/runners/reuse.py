@@ -207,7 +207,7 @@ class PreviousOutput:
     def _part(self, i: int, columns: list[str]) -> pa.Table:
         import pyarrow.parquet as pq
 
-        from ..sources.files import path_or_file
+        from ..core.storage import path_or_file
 
         with self._lock:
             if i in self._cache:

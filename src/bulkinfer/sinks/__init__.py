@@ -1,5 +1,8 @@
-"""Where results go: the sink lifecycle (``base``) and the file sink (``files``: a local or
-shared folder, Parquet/JSONL/CSV parts renamed into place)."""
+"""Where results go: the sink lifecycle (``base``), the file sink (``files``: a local or
+shared folder, Parquet/JSONL/CSV parts renamed into place), the object-store and Delta sinks,
+and the export targets (``exports``: the contract; one module per target). Both factories,
+:func:`make_sink` and :func:`make_target`, live here: a new sink or target is one module and
+one branch below."""
 
 from __future__ import annotations
 
@@ -7,15 +10,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
+from ..core.storage import is_remote
 from .base import Part, Published, Sink, Staged, StagedOutput
+from .exports import ExportTarget
 from .files import ERRORS, EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
 
 if TYPE_CHECKING:
-    from ..config import JobConfig
+    from ..config import ExportConfig, JobConfig
 
 __all__ = [
     "ERRORS",
     "EXTENSIONS",
+    "ExportTarget",
     "FileSink",
     "Part",
     "Published",
@@ -23,7 +29,10 @@ __all__ = [
     "Staged",
     "StagedOutput",
     "is_remote",
+    "make_exports",
+    "make_route_targets",
     "make_sink",
+    "make_target",
     "part_name",
     "serialize",
     "write_bytes",
@@ -47,7 +56,29 @@ def make_sink(cfg: JobConfig) -> Sink:
     return FileSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.format, sk.compression)
 
 
-def is_remote(path: str) -> bool:
-    """Whether ``path`` is a URI of a filesystem other than the local one."""
-    scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme != "file"
+def make_exports(cfg: JobConfig) -> list[ExportTarget]:
+    """The ``[[export]]`` targets (they get the rows of the default route)."""
+    return [make_target(spec, f"export[{i}]") for i, spec in enumerate(cfg.export)]
+
+
+def make_route_targets(cfg: JobConfig) -> dict[str, list[ExportTarget]]:
+    """Each route's targets, by route name."""
+    return {r.name: [make_target(s, f"route[{r.name}].export[{i}]") for i, s in enumerate(r.export)] for r in cfg.route}
+
+
+def make_target(spec: ExportConfig, where: str) -> ExportTarget:
+    if spec.kind == "redis":
+        from .redis import RedisTarget
+
+        return RedisTarget(spec, where)
+    if spec.kind == "postgres":
+        from .postgres import PostgresTarget
+
+        return PostgresTarget(spec, where)
+    if spec.kind == "redis_stream":
+        from .streams import RedisStreamTarget
+
+        return RedisStreamTarget(spec, where)
+    from .folder import FolderTarget
+
+    return FolderTarget(spec, where)

@@ -1,4 +1,5 @@
-"""Export targets: systems that get each shard's rows besides the output folder (Redis,
+"""Export targets' contract and the helpers they share (built by ``bulkinfer.sinks.make_target``):
+systems that get each shard's rows besides the output folder (Redis,
 PostgreSQL). A target is written for a shard *before* the shard's ledger line, so a crash
 between the two only means the shard is exported again; every target's write is
 idempotent (Redis ``SET`` of the same key, a PostgreSQL transaction that records the part
@@ -25,10 +26,9 @@ import pyarrow as pa
 from ..core.errors import OutputError
 
 if TYPE_CHECKING:
-    from ..config import ExportConfig, JobConfig
     from ..plan import JobPlan
 
-__all__ = ["ExportTarget", "make_exports", "make_route_targets", "make_target", "retrying", "value_columns", "vectors"]
+__all__ = ["ExportTarget", "is_vector", "retrying", "value_columns", "vectors"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -45,34 +45,6 @@ class ExportTarget(Protocol):
     def complete(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-def make_exports(cfg: JobConfig) -> list[ExportTarget]:
-    """The ``[[export]]`` targets (they get the rows of the default route)."""
-    return [make_target(spec, f"export[{i}]") for i, spec in enumerate(cfg.export)]
-
-
-def make_route_targets(cfg: JobConfig) -> dict[str, list[ExportTarget]]:
-    """Each route's targets, by route name."""
-    return {r.name: [make_target(s, f"route[{r.name}].export[{i}]") for i, s in enumerate(r.export)] for r in cfg.route}
-
-
-def make_target(spec: ExportConfig, where: str) -> ExportTarget:
-    if spec.kind == "redis":
-        from .redis import RedisTarget
-
-        return RedisTarget(spec, where)
-    if spec.kind == "postgres":
-        from .postgres import PostgresTarget
-
-        return PostgresTarget(spec, where)
-    if spec.kind == "redis_stream":
-        from .streams import RedisStreamTarget
-
-        return RedisStreamTarget(spec, where)
-    from .folder import FolderTarget
-
-    return FolderTarget(spec, where)
 
 
 def retrying(

@@ -24,7 +24,7 @@ __all__ = ["FolderTarget"]
 class FolderTarget:
     def __init__(self, spec: FolderExport, where: str) -> None:
         from ..core.errors import ConfigError
-        from . import is_remote
+        from ..core.storage import is_remote
 
         if not spec.path:
             raise ConfigError(f"{where}.path: no folder given")

@@ -5,23 +5,57 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from ..core.errors import SourceError
 
-if TYPE_CHECKING:
-    from .files import InputFile
-
-__all__ = ["MAX_RECORD_BYTES", "ROW", "BadRow", "Format", "Shard", "Span", "check_file_columns", "numbered", "slices"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "ROW",
+    "BadRow",
+    "Format",
+    "InputFile",
+    "Shard",
+    "Span",
+    "check_file_columns",
+    "numbered",
+    "slices",
+]
 
 ROW = "__bulkinfer_row"
 """Name of the column ``read_shard`` adds: each row's number in its file (errors and resume use it)."""
 
 MAX_RECORD_BYTES = 64 << 20
 """``source.max_record_bytes``' default: a line-format record longer than this is an error row."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and its fingerprint (size, mtime or etag, hash of head and tail).
+
+    ``unreadable`` says why the file could not be opened (planning reports it and skips it).
+    """
+
+    uri: str
+    format: str
+    size: int
+    version: str
+    digest: str
+    unreadable: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.unreadable is None:
+            del data["unreadable"]  # the record of a readable file is what it was before the field existed
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputFile:
+        return cls(**data)
+
 
 BadRow = Callable[[int, str], None]
 """Called with a row's number and what is wrong with it; the row is skipped."""

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..core.errors import SourceError
-from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered, slices
-from .files import InputFile, filesystem, read_range
+from ..core.storage import filesystem, read_range
+from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered, slices
 from .linescan import cut_spans, next_lines, skip_line
 
 __all__ = ["CsvFormat"]

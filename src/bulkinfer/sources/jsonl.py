@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from ..core.schema import fit_value
-from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, check_file_columns, numbered
-from .files import InputFile, filesystem, open_binary, read_range
+from ..core.storage import filesystem, open_binary, read_range
+from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered
 from .linescan import cut_spans, line_ends
 
 __all__ = ["HEAD_BYTES", "JsonlFormat", "json_lines", "lines", "plan_lines"]

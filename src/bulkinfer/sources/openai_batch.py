@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import MAX_RECORD_BYTES, BadRow, Shard, Span, numbered
-from .files import InputFile, open_binary, read_range
+from ..core.storage import open_binary, read_range
+from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, numbered
 from .jsonl import json_lines, plan_lines
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]

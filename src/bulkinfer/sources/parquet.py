@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
-from .base import BadRow, Shard, Span, check_file_columns
-from .files import InputFile, parquet_footer, path_or_file
+from ..core.storage import path_or_file
+from .base import BadRow, InputFile, Shard, Span, check_file_columns
 
-__all__ = ["ParquetFormat"]
+__all__ = ["ParquetFormat", "forget_footers", "keep_footer", "parquet_footer"]
+
+# Parquet footers seen in the tails fingerprinting read: planning takes each file's schema
+# and row groups from them instead of reading the footer twice more (on an object store,
+# two requests or more per file). Bounded; make_plan empties it when it is done.
+_FOOTERS: dict[tuple[str, str], bytes] = {}
+_FOOTERS_LOCK = threading.Lock()
+_FOOTERS_BUDGET = 64 << 20
+_footers_size = 0
+
+
+def keep_footer(f: InputFile, tail: bytes) -> None:
+    if len(tail) < 12 or tail[-4:] != b"PAR1":
+        return
+    length = int.from_bytes(tail[-8:-4], "little") + 8
+    if length > len(tail):  # the footer is not all in the tail
+        return
+    global _footers_size
+    with _FOOTERS_LOCK:
+        if _footers_size + length <= _FOOTERS_BUDGET:
+            _FOOTERS[(f.uri, f.digest)] = tail[-length:]
+            _footers_size += length
+
+
+def parquet_footer(f: InputFile) -> bytes | None:
+    """The footer (metadata, its length, ``PAR1``) of a Parquet file fingerprinted here, if kept."""
+    return _FOOTERS.get((f.uri, f.digest))
+
+
+def forget_footers() -> None:
+    global _footers_size
+    with _FOOTERS_LOCK:
+        _FOOTERS.clear()
+        _footers_size = 0
 
 
 class ParquetFormat:

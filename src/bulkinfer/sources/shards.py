@@ -16,8 +16,7 @@ import pyarrow.compute as pc
 
 from ..core.errors import SourceError
 from ..core.schema import convert_rows
-from .base import MAX_RECORD_BYTES, ROW, BadRow, Shard, numbered
-from .files import InputFile
+from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, numbered
 from .registry import get_format
 
 __all__ = ["plan_shards", "read_shard"]
@@ -35,7 +34,7 @@ def plan_shards(
     :class:`SourceError`, or, when ``problems`` is a list, is skipped and its error appended.
     Empty files have no shards.
     """
-    from .files import concurrently
+    from ..core.storage import concurrently
 
     def spans_of(f: InputFile) -> list[Any] | SourceError:
         try:

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, SourceError
-from .files import InputFile
+from .base import InputFile
 
 if TYPE_CHECKING:
     from ..config import SourceConfig
@@ -90,7 +90,7 @@ def _delta(path: str, src: SourceConfig, columns: Sequence[str]) -> list[InputFi
         rel = rel[len(root) :] if rel.startswith(root) else rel
         size = sizes.get(rel)
         if size is None:  # a path spelt differently in the log: ask the filesystem
-            from .files import filesystem
+            from ..core.storage import filesystem
 
             fs, fpath = filesystem(uri)
             size = int(fs.info(fpath).get("size") or 0)

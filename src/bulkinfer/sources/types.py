@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from ..core.errors import SourceError
 from ..core.schema import unify
-from .files import InputFile
+from .base import InputFile
 from .registry import get_format
 
 __all__ = ["check_columns", "head_schema", "settle_types"]
