@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# import circles between our own modules (lazy imports count): the team's tool beside the checkout, else our copy
+CIRCLES := $(firstword $(wildcard ../shared/tools/circles.py) tools/circles.py)
 DEMO   := demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -30,6 +32,7 @@ demo-recommend: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
+	$(PY) $(CIRCLES) src/bulkinfer
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25

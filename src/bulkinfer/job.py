@@ -22,26 +22,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import Adapter, ResolvedModel, build_adapter, resolve_batch_size, resolve_model, resolve_precision
+from .adapters import ResolvedModel
 from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .commit.ledger import Ledger, OutputLedger, active_error_files, failed_rows
 from .commit.repair import rebuild_ledger
 from .commit.routing import compile_routes
 from .commit.spend import CostGuard
 from .config import JobConfig
-from .core.errors import BulkinferError, CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
+from .core.errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .core.hardware import emulation_warning
+from .core.layout import HASH_COLUMN
 from .core.records import redact
 from .core.storage import use_storage_options
-from .llm.batch_files import batch_config, write_batch_files
+from .llm.batch_files import write_batch_files
 from .plan import JobPlan, job_identity, make_plan
 from .precision.gate import job_quality_gate
+from .precision.settle import Settled, settle
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
 from .report.lineage import Lineage
 from .report.output import instance_price, load_output_stats
 from .runners import make_runner
-from .runners.reuse import HASH_COLUMN, write_deleted
+from .runners.ray import auto_on_cluster
+from .runners.reuse import write_deleted
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
 from .sources import Shard
 
@@ -62,26 +65,17 @@ class RunResult:
     report: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """The job's config with its batch size resolved, its model and the (not yet set up) adapter."""
-
-    cfg: JobConfig
-    model: ResolvedModel
-    adapter: Adapter
+Prepared = Settled
+"""What :func:`prepare` returns: the settled config, the model and the (not yet set up) adapter."""
 
 
 def prepare(cfg: JobConfig) -> Prepared:
-    """Resolve the model and build its adapter (nothing heavy is loaded yet)."""
+    """Settle the job's config (:func:`bulkinfer.precision.settle.settle`: model, precision,
+    adapter, batch size, incremental fallback) and check it (nothing heavy is loaded yet)."""
     cfg.require_runnable()
     use_storage_options(cfg.source.storage_options, cfg.source.paths)
-    cfg = batch_config(cfg)
-    model = resolve_model(cfg)
-    if cfg.runtime.precision == "auto" and not cfg.execution.overwrite:
-        cfg = _auto_as_resumed(cfg, model)
-    cfg = resolve_precision(cfg, model)
-    adapter = build_adapter(cfg, model)
-    cfg = resolve_batch_size(cfg, model.digest, adapter)
+    settled = settle(cfg, on_cluster=auto_on_cluster if cfg.execution.backend == "ray" else None)
+    cfg, model, adapter = settled.cfg, settled.model, settled.adapter
     instance_price(cfg)  # an unknown cost.instance is one line before any work
     slow = emulation_warning(cfg.runtime.device, cfg.runtime.precision) if model.kind == "text-embedding" else None
     if slow:
@@ -89,53 +83,11 @@ def prepare(cfg: JobConfig) -> Prepared:
 
         figures = measured_here(cfg, model.digest)
         log.warning("%s%s", slow, f" ({figures})" if figures else "")
-    if cfg.source.previous:
-        cfg = _incremental(cfg, model)
     if cfg.sink.format == "parquet" and cfg.sink.preserve_order is False and not cfg.passthrough_columns:
         log.info("output order is not the input order and no id column is kept")
     if any(not c for c in adapter.input_columns):
         raise ConfigError("model: the adapter names an empty input column")
-    return Prepared(cfg, model, adapter)
-
-
-def _auto_as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
-    """``runtime.precision = "auto"`` on an output a run of this model already started: the
-    engine and precision that run chose, so a ``tune`` in between (or another machine kind)
-    does not turn the resume into a changed job. Anything else that differs is refused by the
-    resume as usual; an output that cannot be read here is left to it too."""
-    from .outputs.read import private_json
-
-    try:
-        previous = private_json(cfg.sink.path, "job.json")
-    except (BulkinferError, OSError, ValueError):
-        return cfg
-    if not previous or previous.get("model_digest") != model.digest:
-        return cfg
-    chosen = (previous.get("config") or {}).get("runtime") or {}
-    if chosen.get("precision") in (None, "auto") or not chosen.get("engine"):
-        return cfg
-    keep = {k: chosen[k] for k in ("engine", "precision", "int8_fp32_groups") if k in chosen}
-    log.info(
-        "runtime.precision = auto: %s on %s, as chosen by the run this one resumes (%s)",
-        keep["precision"], keep["engine"], cfg.sink.path,
-    )  # fmt: skip
-    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update=keep)})
-
-
-def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
-    """``--incremental-from``: check the previous output; when its results cannot stand for this
-    job's (another model or setting), run every row (still writing input hashes) and say why."""
-    from .runners.reuse import check_previous, check_reusable
-
-    previous = cfg.source.previous
-    assert previous is not None
-    prev_job = check_previous(previous, cfg.source.id_column, cfg.sink.format)
-    why = check_reusable(prev_job, job_identity(cfg), model.digest)
-    if why is None:
-        return cfg
-    log.warning("--incremental-from %s: nothing can be reused: %s; every row is inferred", previous, why)
-    sink = cfg.sink.model_copy(update={"input_hash": True, "mode": "snapshot"})
-    return cfg.model_copy(update={"source": cfg.source.model_copy(update={"previous": None}), "sink": sink})
+    return settled
 
 
 def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors: bool = False) -> RunResult:

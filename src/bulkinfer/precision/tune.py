@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..adapters import SetupContext, available_cpus, build_adapter, resolve_model
+from ..adapters import GPU_BATCH_SIZES, SetupContext, available_cpus, build_adapter, resolve_model
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError, QualityGateError
 from ..core.storage import use_storage_options
@@ -54,7 +54,6 @@ PRECISIONS = (
     ("torch", "fp16"),
 )
 BATCH_SIZES = (8, 16, 32, 64)
-GPU_BATCH_SIZES = (64, 128, 256, 512, 1024)  # a GPU is fed by big batches; a small CPU is not
 
 
 @dataclass
@@ -269,10 +268,6 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     from ..core.hardware import emulated, isa_key
 
     rt = cfg.runtime
-    if cfg.execution.backend == "ray" and not hardware.device_here(rt.device):  # a Ray driver on a CPU node
-        from ..runners.ray import auto_on_cluster
-
-        return auto_on_cluster(cfg)
     allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
     fp32_engine = choose_engine(rt.engine, "fp32", rt.device)  # when nothing measured can be taken
     path = results_path(cfg, model.digest)

@@ -37,12 +37,13 @@ from ..adapters import Adapter, RowsRejected, job_setup_context, to_arrow_column
 from ..config import JobConfig
 from ..core.batching import bisect_call, plan_batches, restore_order
 from ..core.errors import BulkinferError, ModelError, SourceError
+from ..core.layout import HASH_COLUMN
 from ..core.records import ErrorRecord, ShardOutput
 from ..core.schema import parse_type
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit, Gate
-from .reuse import HASH_COLUMN, DedupeCache, PreviousOutput, Slot, row_hashes
+from .reuse import DedupeCache, PreviousOutput, Slot, row_hashes
 
 __all__ = ["LocalRunner"]
 

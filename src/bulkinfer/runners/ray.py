@@ -42,6 +42,7 @@ from ..commit.routing import compile_routes
 from ..config import ExecutionConfig, JobConfig
 from ..core.errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ..core.storage import use_storage_options
+from ..precision.settle import after_gate
 from ..report import RunStats
 from ..sinks import StagedOutput, make_sink
 from ..sources import Shard
@@ -318,10 +319,7 @@ class RayRunner:
                     self.cfg.runtime.device,
                 )
                 gate(self._gate_on_cluster)
-            groups = (self.stats.quality or {}).get("int8_fp32_groups")
-            if groups:  # the gate's search kept these in fp32: every worker builds that model
-                runtime = self.cfg.runtime.model_copy(update={"int8_fp32_groups": groups})
-                self.cfg = self.cfg.model_copy(update={"runtime": runtime})
+            self.cfg = after_gate(self.cfg, self.stats.quality)  # every worker builds the model the gate chose
         self.connect()
 
     def _device_here(self) -> bool:

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..core.errors import ConfigError, SourceError
+from ..core.errors import SourceError
+from ..core.layout import HASH_COLUMN
+from ..outputs.previous import previous_hint, schema_names
 
 if TYPE_CHECKING:
     from ..commit.ledger import OutputLedger
@@ -44,8 +46,6 @@ __all__ = [
     "DedupeCache",
     "PreviousOutput",
     "Slot",
-    "check_previous",
-    "check_reusable",
     "deleted_rows",
     "id_keys",
     "row_hashes",
@@ -55,7 +55,6 @@ __all__ = [
 
 log = logging.getLogger("bulkinfer")
 
-HASH_COLUMN = "_input_hash"
 DELETED = "_deleted.parquet"
 _NULL = np.uint64(0x6A09E667F3BCC908)
 _M = np.uint64(0x9E3779B97F4A7C15)
@@ -140,7 +139,7 @@ class PreviousOutput:
         keys, hashes, parts, rows = [], [], [], []
         for i, part in enumerate(self.parts):
             start = 0
-            for batch in part_batches(part, [id_column, HASH_COLUMN], _hint(where)):
+            for batch in part_batches(part, [id_column, HASH_COLUMN], previous_hint(where)):
                 keys.append(id_keys(batch.column(0)))
                 hashes.append(batch.column(1).to_numpy(zero_copy_only=False).astype(np.uint64))
                 parts.append(np.full(batch.num_rows, i, np.int32))
@@ -165,7 +164,7 @@ class PreviousOutput:
         self._lock = threading.Lock()
         cfg = self.job.get("config", {})
         kept = {id_column, HASH_COLUMN, *cfg.get("sink", {}).get("keep_columns", [])}
-        self.output_columns: list[str] = [n for n in _schema_names(self.parts) if n not in kept]
+        self.output_columns: list[str] = [n for n in schema_names(self.parts) if n not in kept]
 
     def matches(self, ids: pa.ChunkedArray | pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which rows (by id and input hash) the previous output holds unchanged, and where (index)."""
@@ -225,32 +224,6 @@ class PreviousOutput:
         return self.index.keys
 
 
-def _schema_names(parts: list[Any]) -> list[str]:
-    from ..outputs.read import part_schema
-
-    schema = part_schema(parts)
-    return list(schema.names) if schema is not None else []
-
-
-def check_previous(where: str, id_column: str | None, sink_format: str) -> dict[str, Any]:
-    """The previous output's job.json, after checking it can serve an incremental run."""
-    from ..outputs.read import finished_output
-
-    require_id(id_column)
-    if sink_format != "parquet":
-        raise ConfigError("--incremental-from writes Parquet (results are read back by id): drop sink.format")
-    try:
-        parts, job = finished_output(where, "reused (--incremental-from)")
-    except SourceError as exc:
-        raise ConfigError(f"--incremental-from: {exc}") from None
-    names = _schema_names(parts)
-    if parts and HASH_COLUMN not in names:
-        raise ConfigError(f"--incremental-from: {_hint(where)}")
-    if parts and id_column not in names:
-        raise ConfigError(f"--incremental-from: {where} has no id column {id_column!r} (it has {', '.join(names)})")
-    return job
-
-
 def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
     """The previous output's ids that ``current`` (id keys) no longer has."""
     from ..outputs.read import finished_output, part_batches
@@ -259,7 +232,7 @@ def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
     now = np.sort(current)
     gone: list[pa.Array] = []
     for part in parts:
-        for batch in part_batches(part, [id_column], _hint(where)):
+        for batch in part_batches(part, [id_column], previous_hint(where)):
             keys = id_keys(batch.column(0))
             at = np.minimum(np.searchsorted(now, keys), max(len(now) - 1, 0))
             present = now[at] == keys if len(now) else np.zeros(len(keys), bool)
@@ -295,13 +268,6 @@ def write_deleted(
     ledger.write_file(DELETED, buf.getvalue())
     report["reuse"]["rows_deleted"] = gone.num_rows
     return {"deleted": {"file": DELETED, "rows": gone.num_rows}}
-
-
-def _hint(where: str) -> str:
-    return (
-        f"the previous output {where} was written without input hashes: run it once with "
-        "sink.input_hash = true (or from an incremental run), then use it with --incremental-from"
-    )
 
 
 class Slot:
@@ -349,38 +315,3 @@ class DedupeCache:
             while len(self._slots) > self.max_rows:
                 self._slots.popitem(last=False)
         return slots
-
-
-def check_reusable(previous_job: Mapping[str, Any], identity: Mapping[str, Any], digest: str) -> str | None:
-    """Why the previous output's results cannot stand for this job's (None: they can)."""
-    if previous_job.get("model_digest") != digest:
-        return "the model changed (another digest)"
-    theirs = previous_job.get("identity", {})
-    ignore = {  # settings of the output's layout and destinations: they do not change a row's results
-        "source.format",
-        "source.shard_rows",
-        "source.column_types",
-        "source.id_column",
-        "source.previous",
-        "sink.format",
-        "sink.keep_columns",
-        "sink.preserve_order",
-        "sink.compression",
-        "sink.input_hash",
-        "sink.mode",
-        "execution.limit_rows",
-        "export",
-        "route",
-    }
-    for key, value in identity.items():
-        if key in ignore:
-            continue
-        if theirs.get(key) != value:
-            return f"{key} changed ({theirs.get(key)!r} -> {value!r})"
-    return None
-
-
-def require_id(id_column: str | None) -> str:
-    if not id_column:
-        raise ConfigError("--incremental-from needs source.id_column: rows are matched to the previous output by id")
-    return id_column

@@ -24,19 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import (
-    Adapter,
-    RowsRejected,
-    build_adapter,
-    job_setup_context,
-    resolve_batch_size,
-    resolve_model,
-    resolve_precision,
-)
+from ..adapters import RowsRejected, job_setup_context
 from ..config import JobConfig
 from ..core.errors import BulkinferError
 from ..core.records import withheld
 from ..llm.openai_api import CHAT, COMPLETIONS
+from ..precision.settle import settle
 from . import openai
 from .audit import AuditLog
 from .auth import KeyRing
@@ -62,12 +55,9 @@ class Server:
         self.sv = cfg.serve
         self.keys = KeyRing(self.sv.api_keys_file)
         self.audit = AuditLog(self.sv.audit_log, self.sv.audit_max_bytes)
-        self.model = resolve_model(cfg)
-        if self.model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
-            cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"format": "openai-batch"})})
-        cfg = resolve_precision(cfg, self.model)
-        self.adapter: Adapter = build_adapter(cfg, self.model)
-        cfg = self.cfg = resolve_batch_size(cfg, self.model.digest, self.adapter)
+        settled = settle(cfg, online=True)
+        cfg = self.cfg = settled.cfg
+        self.model, self.adapter = settled.model, settled.adapter
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
         self.metrics = ServeMetrics()
         self.batcher: Batcher | None = None

@@ -1,0 +1,158 @@
+"""The settle step: every automatic or derived setting of a job is decided here, once, and
+nowhere else rewrites the job's config.
+
+::
+
+    settled = settle(cfg)                  # bulkinfer run (job.prepare), Python API
+    settled = settle(cfg, online=True)     # bulkinfer serve
+    cfg = after_gate(cfg, figures)         # what the quality gate chose (int8 groups) for the workers
+
+In order, :func:`settle` decides:
+
+1. an OpenAI batch input (declared, or ``.jsonl`` files of requests): ``custom_id`` as the id
+   column and the Batch output format (:func:`bulkinfer.llm.batch_files.batch_config`); online,
+   a generation model's requests are rows of that request mode;
+2. the model (:func:`bulkinfer.adapters.resolve_model`);
+3. ``runtime.precision = "auto"``: the engine and precision the run being resumed chose, else
+   the fastest gate-passing one ``tune`` measured (or calibrates) for this model on this
+   machine kind; on a Ray driver without the job's device, ``on_cluster`` decides it on a
+   worker (the caller passes how: this package does not import the runners);
+4. the adapter, built (not set up) for that precision, with its int8 groups and TensorRT profile;
+5. ``runtime.batch_size``: "auto" is what ``tune`` measured, unset is the adapter's hint;
+6. ``--incremental-from``: a previous output whose results cannot stand for this job's
+   (another model or setting) turns into a full run that still writes input hashes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..adapters import Adapter, ResolvedModel, build_adapter, resolve_model
+from ..config import JobConfig
+from ..core import hardware
+from ..core.errors import BulkinferError, ConfigError
+from ..llm.batch_files import batch_config
+from ..outputs.previous import check_previous, check_reusable
+from ..outputs.read import private_json
+from ..plan import job_identity
+from .tune import auto_batch_size, auto_precision
+
+__all__ = ["OnCluster", "Settled", "after_gate", "settle"]
+
+log = logging.getLogger("bulkinfer")
+
+OnCluster = Callable[[JobConfig], tuple[str, str, str]]
+"""``(engine, precision, why)`` for ``runtime.precision = "auto"``, decided on a worker of the
+cluster (a Ray driver on a CPU node has no GPU to read or calibrate on)."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The job's config with every setting concrete, its model, and the (not yet set up) adapter."""
+
+    cfg: JobConfig
+    model: ResolvedModel
+    adapter: Adapter
+
+
+def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None = None) -> Settled:
+    """Decide every automatic or derived setting of ``cfg`` (see the module's docstring).
+    ``online``: for ``serve`` (no resume, no incremental input, no batch file to detect)."""
+    if not online:
+        cfg = batch_config(cfg)
+    model = resolve_model(cfg)
+    if online and model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
+        cfg = _update(cfg, "source", format="openai-batch")
+    if cfg.runtime.precision == "auto" and not online and not cfg.execution.overwrite:
+        cfg = _as_resumed(cfg, model)
+    cfg = _precision(cfg, model, on_cluster)
+    adapter = build_adapter(cfg, model)
+    cfg = _batch_size(cfg, model.digest, adapter)
+    if cfg.source.previous and not online:
+        cfg = _incremental(cfg, model)
+    return Settled(cfg, model, adapter)
+
+
+def after_gate(cfg: JobConfig, figures: Mapping[str, Any] | None) -> JobConfig:
+    """``cfg`` with what the quality gate chose: the int8 groups its search kept in fp32, which
+    every worker builds its model with (unchanged when the gate kept none)."""
+    groups = (figures or {}).get("int8_fp32_groups")
+    return _update(cfg, "runtime", int8_fp32_groups=groups) if groups else cfg
+
+
+def _update(cfg: JobConfig, section: str, **fields: Any) -> JobConfig:
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=fields)})
+
+
+def _as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
+    """``runtime.precision = "auto"`` on an output a run of this model already started: the
+    engine and precision that run chose, so a ``tune`` in between (or another machine kind)
+    does not turn the resume into a changed job. Anything else that differs is refused by the
+    resume as usual; an output that cannot be read here is left to it too."""
+    try:
+        previous = private_json(cfg.sink.path, "job.json")
+    except (BulkinferError, OSError, ValueError):
+        return cfg
+    if not previous or previous.get("model_digest") != model.digest:
+        return cfg
+    chosen = (previous.get("config") or {}).get("runtime") or {}
+    if chosen.get("precision") in (None, "auto") or not chosen.get("engine"):
+        return cfg
+    keep = {k: chosen[k] for k in ("engine", "precision", "int8_fp32_groups") if k in chosen}
+    log.info(
+        "runtime.precision = auto: %s on %s, as chosen by the run this one resumes (%s)",
+        keep["precision"], keep["engine"], cfg.sink.path,
+    )  # fmt: skip
+    return _update(cfg, "runtime", **keep)
+
+
+def _precision(cfg: JobConfig, model: ResolvedModel, on_cluster: OnCluster | None) -> JobConfig:
+    """A concrete ``runtime.precision`` (and engine): "auto" becomes the fastest gate-passing
+    precision measured for the model on this machine kind; fp32 for models precisions do not
+    apply to."""
+    rt = cfg.runtime
+    if rt.precision != "auto":
+        return cfg
+    engine: str
+    if model.kind != "text-embedding":
+        engine, precision, why = rt.engine, "fp32", f"precisions apply to text models, this one is {model.kind}"
+    elif cfg.execution.backend == "ray" and not hardware.device_here(rt.device):  # a Ray driver on a CPU node
+        if on_cluster is None:
+            raise ConfigError(
+                f'runtime.precision = "auto": runtime.device = {rt.device} is not on this machine and no cluster '
+                "was given to decide it on; set runtime.precision"
+            )
+        engine, precision, why = on_cluster(cfg)
+    else:
+        engine, precision, why = auto_precision(cfg, model)
+    log.info("runtime.precision = auto: %s on %s (%s)", precision, engine, why)
+    return _update(cfg, "runtime", precision=precision, engine=engine)
+
+
+def _batch_size(cfg: JobConfig, model_digest: str, adapter: Adapter) -> JobConfig:
+    """A concrete ``runtime.batch_size``: "auto" becomes what ``tune`` measured, and a size left
+    unset becomes the adapter's hint (large for cheap tabular models)."""
+    if cfg.runtime.batch_size == "auto":
+        size, why = auto_batch_size(cfg, model_digest, adapter.batch_size_hint)
+        log.info("runtime.batch_size = auto: %d (%s)", size, why)
+        return _update(cfg, "runtime", batch_size=size)
+    if "batch_size" not in cfg.runtime.model_fields_set and adapter.batch_size_hint:
+        return _update(cfg, "runtime", batch_size=adapter.batch_size_hint)
+    return cfg
+
+
+def _incremental(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
+    """``--incremental-from``: check the previous output; when its results cannot stand for this
+    job's (another model or setting), run every row (still writing input hashes) and say why."""
+    previous = cfg.source.previous
+    assert previous is not None
+    prev_job = check_previous(previous, cfg.source.id_column, cfg.sink.format)
+    why = check_reusable(prev_job, job_identity(cfg), model.digest)
+    if why is None:
+        return cfg
+    log.warning("--incremental-from %s: nothing can be reused: %s; every row is inferred", previous, why)
+    cfg = _update(cfg, "sink", input_hash=True, mode="snapshot")
+    return _update(cfg, "source", previous=None)
