@@ -1,30 +1,11 @@
-"""The Ray runner: the same job on Ray actors, committed by the driver alone.
-
-::
-
-    driver (this process)                         worker actor × N (set up once)
-      plan, ledger lock, queue of shards  ──────▶  LocalRunner over one shard
-      heartbeat, straggler splits                  (read ▸ tokenize ▸ infer ▸ serialise)
-      rename + ledger line  ◀─ staged files ────  part and errors under .tmp-<attempt> names
-
-Workers pull one shard at a time, so a slow worker takes fewer. A worker writes its
-shard's part under a temporary name on the shared output and reports it; only the
-driver renames it into place and appends the ledger line, so the exactly-once guarantee
-is the local one. When a worker or its node dies, its shard goes back on the queue; when
-a worker is presumed dead (no heartbeat for ``execution.worker_timeout_s``) and comes
-back, the first attempt of a row range to finish is committed and any later one is
-deleted. An idle worker takes the second half of the remaining rows of a running shard
-(``execution.split_min_rows``). The driver keeps no state that the ledger does not:
-after the driver dies, rerunning the command resumes.
-
-Only this module imports ray.
-"""
+"""The driver's side of a Ray job: a queue of shards handed to worker actors one at a time,
+heartbeats, straggler splits, replacement of lost workers, and the commit of each staged part
+by this process alone (see the package's docstring)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -34,221 +15,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pyarrow as pa
+from ...adapters import Adapter, job_setup_context
+from ...config import JobConfig
+from ...core.errors import BulkinferError, ClusterError, ConfigError, ModelError
+from ...precision.settle import after_gate
+from ...report import RunStats
+from ...sinks import StagedOutput, make_sink
+from ...sources import Shard
+from ..base import Committing, Gate
+from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit
+from .worker import Worker
 
-from ..adapters import Adapter, job_setup_context
-from ..commit.committer import PartStamp, stage_routed
-from ..commit.routing import compile_routes
-from ..config import ExecutionConfig, JobConfig
-from ..core.errors import BulkinferError, ClusterError, ConfigError, ModelError
-from ..core.storage import use_storage_options
-from ..precision.settle import after_gate
-from ..report import RunStats
-from ..sinks import StagedOutput, make_sink
-from ..sources import Shard
-from .base import Committing, Gate
-
-__all__ = ["RayRunner", "auto_on_cluster", "connect", "disconnect"]
+__all__ = ["RayRunner"]
 
 log = logging.getLogger("bulkinfer")
 
 _HEARTBEAT_S = 1.0
 _STOP_GRACE_S = 30.0
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(
-            "execution.backend = 'ray' needs Ray: pip install 'bulkinfer[ray]' (or 'ray[default]')"
-        ) from exc
-    return ray
-
-
-def _enter(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> JobConfig:
-    """A worker process takes the driver's view: its working directory (relative input paths and
-    custom modules resolve as there), its import paths and storage options; the job's config."""
-    if os.path.isdir(cwd):
-        os.chdir(cwd)
-    for p in reversed(paths):
-        if p not in sys.path and os.path.isdir(p):
-            sys.path.insert(0, p)
-    cfg = JobConfig.model_validate(cfg_json)
-    use_storage_options(cfg.source.storage_options, cfg.source.paths)  # this process reads too
-    return cfg
-
-
-_CONNECTED_HERE = False
-"""Whether this process's connection to Ray was made by bulkinfer (and is closed by it): a
-calibration before the job and the job's runner share one connection."""
-
-
-def connect(ex: ExecutionConfig) -> None:
-    """Join ``execution.ray_address`` or start a local instance, unless connected already
-    (ray.init installs its own SIGTERM handler: the job installs its own again afterwards)."""
-    global _CONNECTED_HERE
-    ray = _ray()
-    if ray.is_initialized():
-        return
-    _reachable(ex.ray_address)
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
-    try:
-        if ex.ray_address:
-            ray.init(address=ex.ray_address, **kwargs)
-        else:  # our own instance (address="local": even when another Ray runs on this machine);
-            # workers do the job's work, so they need not yield to anything
-            ray.init(address="local", **kwargs, _system_config={"worker_niceness": 0})
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = ex.ray_address or "a local Ray instance"
-        raise ConfigError(f"execution.ray_address: cannot connect to {where} ({exc})") from exc
-    _CONNECTED_HERE = True
-
-
-def disconnect() -> None:
-    """Leave (and for a local instance, stop) Ray if :func:`connect` joined it."""
-    global _CONNECTED_HERE
-    if _CONNECTED_HERE:
-        _ray().shutdown()
-        _CONNECTED_HERE = False
-
-
-def _capacity(ex: ExecutionConfig) -> tuple[int, str]:
-    """How many workers the alive nodes' total CPUs and GPUs fit, and the largest node."""
-    nodes = [n["Resources"] for n in _ray().nodes() if n.get("Alive")]
-    need = {"CPU": ex.num_cpus, "GPU": ex.num_gpus}
-    fit = 0
-    for res in nodes:
-        fit += int(min(res.get(k, 0.0) // v for k, v in need.items() if v > 0))
-    largest = max((r.get("CPU", 0.0) for r in nodes), default=0.0)
-    gpus = max((r.get("GPU", 0.0) for r in nodes), default=0.0)
-    return fit, f"largest node: {largest:g} CPUs, {gpus:g} GPUs"
-
-
-def _fit(ex: ExecutionConfig) -> int:
-    """:func:`_capacity`'s count; a one-line error when no node fits one worker (a task or an
-    actor asking for more would wait for ever)."""
-    fit, largest = _capacity(ex)
-    if fit == 0:
-        raise ConfigError(
-            f"execution.num_cpus={ex.num_cpus:g}, num_gpus={ex.num_gpus:g}: no node of the Ray cluster "
-            f"fits one worker ({largest}); lower them"
-        )
-    return fit
-
-
-def _auto_on_worker(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> Any:
-    """``runtime.precision = auto`` resolved in a worker process, which has the job's device:
-    ``(engine, precision, why, host)``, or the error the driver raises."""
-    try:
-        cfg = _enter(cfg_json, cwd, paths)
-        from ..adapters import resolve_model
-        from ..precision.tune import auto_precision
-
-        return (*auto_precision(cfg, resolve_model(cfg)), socket.gethostname())
-    except BulkinferError as exc:
-        return exc
-
-
-def auto_on_cluster(cfg: JobConfig) -> tuple[str, str, str]:
-    """``(engine, precision, why)`` for ``runtime.precision = auto`` when this driver lacks the
-    job's device: a task with a worker's resources reads the tune results of its machine kind,
-    or calibrates there once (kept in that node's cache)."""
-    ray = _ray()
-    ex = cfg.execution
-    connect(ex)  # kept for the job's runner; left again if the job stops here
-    try:
-        _fit(ex)
-        log.info(
-            "runtime.precision = auto: runtime.device = %s and this driver has no GPU; it is resolved on a worker",
-            cfg.runtime.device,
-        )
-        there = cfg.model_copy(update={"execution": ex.model_copy(update={"backend": "local"})})
-        task = ray.remote(_auto_on_worker).options(num_cpus=ex.num_cpus, num_gpus=ex.num_gpus, max_retries=0)
-        try:
-            got = ray.get(task.remote(there.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path]))
-        except ray.exceptions.RayError as exc:
-            raise ClusterError(f"runtime.precision = auto on a worker failed ({type(exc).__name__}: {exc})") from exc
-        if isinstance(got, BaseException):
-            raise got
-    except BaseException:
-        disconnect()
-        raise
-    engine, precision, why, host = got
-    return engine, precision, f"{why}; on a worker, {host}"
-
-
-class Worker:
-    """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
-
-    def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
-        from ..adapters import build_adapter, resolve_model
-
-        self.cfg = _enter(cfg_json, cwd, paths)
-        from ..core.records import redact
-
-        redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
-        self.sink = make_sink(self.cfg)
-        self.routes = compile_routes(self.cfg)
-        self.runner: Any = None
-        self.error: BaseException | None = None
-        from .reuse import DedupeCache
-
-        self.previous: Any = None  # the previous output's index (--incremental-from), loaded on first use
-        self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
-        threads = max(1, int(self.cfg.execution.num_cpus))
-        try:
-            self.model = resolve_model(self.cfg)
-            self.adapter = build_adapter(self.cfg, self.model)
-            self.adapter.setup(job_setup_context(self.cfg, threads=threads))
-        except BaseException as exc:  # reported by ready(), raised by the driver
-            self.error = exc
-
-    def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
-
-    def gate(self, shards: list[Shard]) -> Any:
-        """The quality gate with this worker's model (its node has the job's device, which the
-        driver may lack): the figures, or the error the driver raises."""
-        from ..precision.gate import gate_figures
-
-        if self.error is not None:
-            return self.error
-        try:
-            return gate_figures(self.cfg, self.adapter, self.model, shards)
-        except BulkinferError as exc:
-            return exc
-
-    def process(self, shard: Shard, name_start: int | None, tag: str, stamp: PartStamp) -> dict[str, Any]:
-        from .local import LocalRunner
-
-        if self.error is not None:
-            raise self.error
-        stats = RunStats()
-        runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
-        runner.previous, runner.cache = self.previous, self.cache  # built once per worker, shared by its shards
-        runner.load_previous()
-        self.previous = runner.previous
-        done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
-        self.runner = runner
-        try:
-            runner.run(
-                [shard],
-                lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, stamp=stamp)),
-            )
-        finally:
-            self.runner = None
-        staged, table, routed = done[0]
-        table = table if self.cfg.export else None  # export and route targets are written by the driver
-        return {"staged": staged, "table": table, "routed": routed, "figures": stats.worker_figures()}
-
-    def progress(self) -> dict[int, int]:
-        runner = self.runner
-        return runner.progress() if runner is not None else {}
-
-    def split(self, index: int, at: int, stop: int) -> int | None:
-        runner = self.runner
-        return runner.split(index, at, stop) if runner is not None else None
 
 
 @dataclass(eq=False)
@@ -287,7 +70,7 @@ class RayRunner:
         self.ex = cfg.execution
         self.stats = stats
         self.stop = stop
-        self.ray = _ray()
+        self.ray = ray_module()
         self.slots: list[_Slot] = []
         self.todo: deque[Shard] = deque()
         self.attempts: dict[Any, _Attempt] = {}
@@ -313,7 +96,7 @@ class RayRunner:
                     self.adapter.close()
             else:
                 self.connect()
-                _fit(self.ex)
+                workers_that_fit(self.ex)
                 log.info(
                     "quality gate: runtime.device = %s and this driver has no GPU; the gate runs on a worker",
                     self.cfg.runtime.device,
@@ -324,7 +107,7 @@ class RayRunner:
 
     def _device_here(self) -> bool:
         """Whether this process can run the job's device (a GPU job's driver often has none)."""
-        from ..core import hardware
+        from ...core import hardware
 
         return hardware.device_here(self.cfg.runtime.device)
 
@@ -359,7 +142,7 @@ class RayRunner:
 
     def _size(self) -> int:
         """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
-        fit = _fit(self.ex)
+        fit = workers_that_fit(self.ex)
         if self.ex.workers and self.ex.workers > fit:
             log.warning("execution.workers=%d but the Ray cluster fits %d; starting %d", self.ex.workers, fit, fit)
         return min(self.ex.workers or fit, fit)
@@ -551,14 +334,14 @@ class RayRunner:
         # replacement asked for may wait forever): give an autoscaler worker_timeout_s to
         # add a node, then stop rather than hang. Committed shards are kept.
         working = [s for s in self.slots if s.ready is None and not s.suspect]
-        if working or _capacity(self.ex)[0] > 0:
+        if working or capacity(self.ex)[0] > 0:
             self._stranded_since = None
             return
         now = time.monotonic()
         self._stranded_since = self._stranded_since or now
         if now - self._stranded_since > self.ex.worker_timeout_s:
             raise ClusterError(
-                f"every Ray worker is gone and no node of the cluster fits a new one ({_capacity(self.ex)[1]}; waited "
+                f"every Ray worker is gone and no node of the cluster fits a new one ({capacity(self.ex)[1]}; waited "
                 f"execution.worker_timeout_s={self.ex.worker_timeout_s:g} s for one to join); rerun when the cluster "
                 "has room (committed shards are kept)"
             )
@@ -613,23 +396,6 @@ class RayRunner:
         deadline = time.monotonic() + _STOP_GRACE_S
         while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
             self._collect(commit, timeout=0.5)
-
-
-def _reachable(address: str | None, timeout: float = 5.0) -> None:
-    """Fail fast on a cluster address nothing answers at (Ray itself retries for minutes)."""
-    if not address or address == "auto":
-        return
-    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"execution.ray_address {address!r}: expected auto, ray://host:port or host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConfigError(
-            f"execution.ray_address {address!r}: nothing answers there ({exc.strerror or exc}); "
-            "start the cluster (ray start --head) or fix the address"
-        ) from exc
 
 
 def _rows(shard: Shard) -> str:

@@ -1,0 +1,91 @@
+"""A Ray worker actor: takes the driver's view, sets the job's adapter up once, then runs the
+shards the driver hands it through the local runner, staging each part under a temporary
+name for the driver to commit."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from ...adapters import job_setup_context
+from ...commit.committer import PartStamp, stage_routed
+from ...commit.routing import compile_routes
+from ...core.errors import BulkinferError
+from ...core.records import redact
+from ...precision.gate import gate_figures
+from ...precision.settle import settle
+from ...report import RunStats
+from ...sinks import StagedOutput, make_sink
+from ...sources import Shard
+from ..local import LocalRunner
+from ..reuse import DedupeCache
+from .cluster import enter
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
+
+    def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
+        self.cfg = enter(cfg_json, cwd, paths)
+        redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
+        self.sink = make_sink(self.cfg)
+        self.routes = compile_routes(self.cfg)
+        self.runner: Any = None
+        self.error: BaseException | None = None
+        self.previous: Any = None  # the previous output's index (--incremental-from), loaded on first use
+        self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
+        threads = max(1, int(self.cfg.execution.num_cpus))
+        try:
+            settled = settle(self.cfg)  # the driver's config is settled already: the same model and adapter
+            self.model, self.adapter = settled.model, settled.adapter
+            self.adapter.setup(job_setup_context(self.cfg, threads=threads))
+        except BaseException as exc:  # reported by ready(), raised by the driver
+            self.error = exc
+
+    def ready(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "error": self.error}
+
+    def gate(self, shards: list[Shard]) -> Any:
+        """The quality gate with this worker's model (its node has the job's device, which the
+        driver may lack): the figures, or the error the driver raises."""
+        if self.error is not None:
+            return self.error
+        try:
+            return gate_figures(self.cfg, self.adapter, self.model, shards)
+        except BulkinferError as exc:
+            return exc
+
+    def process(self, shard: Shard, name_start: int | None, tag: str, stamp: PartStamp) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        stats = RunStats()
+        runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
+        runner.previous, runner.cache = self.previous, self.cache  # built once per worker, shared by its shards
+        runner.load_previous()
+        self.previous = runner.previous
+        done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
+        self.runner = runner
+        try:
+            runner.run(
+                [shard],
+                lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, stamp=stamp)),
+            )
+        finally:
+            self.runner = None
+        staged, table, routed = done[0]
+        table = table if self.cfg.export else None  # export and route targets are written by the driver
+        return {"staged": staged, "table": table, "routed": routed, "figures": stats.worker_figures()}
+
+    def progress(self) -> dict[int, int]:
+        runner = self.runner
+        return runner.progress() if runner is not None else {}
+
+    def split(self, index: int, at: int, stop: int) -> int | None:
+        runner = self.runner
+        return runner.split(index, at, stop) if runner is not None else None
