@@ -18,7 +18,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _own_imports() -> list[tuple[str, int, str, str]]:
+def _own_imports(runtime_only: bool = False) -> list[tuple[str, int, str, str]]:
     found = []
     for path in sorted(SRC.rglob("*.py")):
         name = _module_name(path)
@@ -31,6 +31,8 @@ def _own_imports() -> list[tuple[str, int, str, str]]:
             for n in ast.walk(block)
         }
         for node in ast.walk(tree):
+            if runtime_only and id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -67,3 +69,32 @@ def test_every_import_of_our_own_modules_resolves():
             except ImportError:
                 broken.append(f"{where}:{line}: {module} has no {name}")
     assert broken == []
+
+
+# the one direction imports run (docs/architecture.md): a package imports only from its own
+# layer or below; within a layer, the circle check (tools/circles.py) keeps it one way
+LAYERS = {
+    "core": 0, "config": 0, "_version": 0,
+    "sources": 1,
+    "engines": 2, "llm": 2,
+    "adapters": 3,
+    "plan": 4, "sinks": 4,
+    "precision": 5, "runners": 5, "commit": 5, "report": 5, "outputs": 5,
+    "job": 6, "serve": 6,
+    "cli": 7,
+    "__main__": 8, "": 8,
+}  # fmt: skip
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else ""]
+
+
+def test_imports_run_one_way_from_the_cli_down_to_core():
+    upward = []
+    for where, line, module, name in _own_imports(runtime_only=True):
+        here = ".".join(["bulkinfer", *Path(where).with_suffix("").parts]).removesuffix(".__init__")
+        targets = [f"{module}.{name}"] if module == "bulkinfer" and name else [module]
+        upward += [f"{where}:{line}: {here} -> {t}" for t in targets if _layer(t) > _layer(here)]
+    assert upward == []

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError, ModelError
-from ..outputs.read import file_version
+from ..core.storage import file_version
+from ..engines.ann import load_faiss, load_index_meta, valid_vectors
 from .base import Adapter, SetupContext, predict_table
 
 if TYPE_CHECKING:
@@ -44,8 +45,6 @@ class KnnAdapter(Adapter):
     batch_size_hint = 1024
 
     def __init__(self, index_path: str | Path, cfg: JobConfig) -> None:
-        from ..outputs.index import load_index_meta
-
         self.path = Path(index_path)
         self.meta = load_index_meta(self.path)
         report = self.meta["report"]
@@ -111,8 +110,6 @@ class KnnAdapter(Adapter):
         )  # fmt: skip
 
     def setup(self, ctx: SetupContext) -> None:
-        from ..outputs.index import load_faiss
-
         load_faiss().omp_set_num_threads(max(1, ctx.threads))
         self._loaded, self._stamp = self._load()
         if self.text is not None:
@@ -123,8 +120,6 @@ class KnnAdapter(Adapter):
         return self._loaded[1] if self._loaded else None
 
     def _load(self) -> tuple[tuple[Any, pa.Array], tuple[int, int, int]]:
-        from ..outputs.index import load_faiss
-
         stamp = file_version(Path(f"{self.path}.json"))  # the JSON is written last: a whole index is there
         try:
             index = load_faiss().read_index(str(self.path))
@@ -160,8 +155,6 @@ class KnnAdapter(Adapter):
             col = predict_table(self.text, table, batch_size=self.text_batch)["embedding"]
         else:
             col = table.column(self.query_column).combine_chunks()
-        from ..outputs.index import valid_vectors
-
         mat, keep, reasons = valid_vectors(col, None)
         if len(keep) != len(col):
             raise ModelError(f"{self.query_column}: {next(r for r in reasons if r)} (a query)")

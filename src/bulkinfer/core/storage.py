@@ -5,6 +5,7 @@ its inputs name. A leaf: it imports nothing of bulkinfer's but the errors."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
@@ -14,6 +15,7 @@ from .errors import SourceError
 
 __all__ = [
     "concurrently",
+    "file_version",
     "filesystem",
     "is_remote",
     "open_binary",
@@ -87,6 +89,14 @@ def store_trouble(where: str, exc: Exception) -> SourceError:
         "credentials (source.storage_options, or the environment)",
         where,
     )
+
+
+def file_version(path: Path) -> tuple[int, int, int]:
+    """Which write of ``path`` is there (a manifest or an index replaced by a later run): a
+    rewrite within the filesystem's clock resolution, one or two seconds on some network
+    filesystems, still differs in inode or size."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def is_remote(path: str) -> bool:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..commit.ledger import PRIVATE, SUCCESS
 from ..core.errors import SourceError
-from ..core.storage import path_or_file, read_whole
+from ..core.storage import file_version, path_or_file, read_whole
 
 __all__ = [
     "BATCH_ROWS",
@@ -40,14 +40,6 @@ class Part:
     name: str
     rows: int
     first: int  # global position of its first row
-
-
-def file_version(path: Path) -> tuple[int, int, int]:
-    """Which write of ``path`` is there (a manifest or an index replaced by a later run): a
-    rewrite within the filesystem's clock resolution, one or two seconds on some network
-    filesystems, still differs in inode or size."""
-    st = path.stat()
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def normalise(output: str | Path) -> str:

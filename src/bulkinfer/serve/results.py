@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
-from ..outputs.read import file_version
+from ..core.storage import file_version
 
 __all__ = ["ResultIndex"]
 
