@@ -1,0 +1,76 @@
+"""The whole job: one section per concern."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from ..core.errors import ConfigError
+from .base import Section
+from .execution import ExecutionConfig
+from .exports import (
+    ExportConfig,
+    RouteConfig,
+)
+from .model import ModelConfig
+from .operations import CostConfig, IndexConfig, LineageConfig, MonitorConfig
+from .runtime import RuntimeConfig
+from .serve import ServeConfig
+from .sink import SinkConfig
+from .source import SourceConfig
+
+
+class JobConfig(Section):
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    """Where the rows come from."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """What model runs over them."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """How the model runs."""
+    sink: SinkConfig = Field(default_factory=SinkConfig)
+    """Where results go."""
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    """How the job is driven."""
+    cost: CostConfig = Field(default_factory=CostConfig)
+    """Cost accounting."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Output statistics compared with a baseline run (drift)."""
+    lineage: LineageConfig = Field(default_factory=LineageConfig)
+    """OpenLineage run events."""
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    """`bulkinfer serve`: the HTTP server over the same adapter."""
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    """An index built from the output when the job completes ([index] section)."""
+    export: list[ExportConfig] = Field(default_factory=list)
+    """Export targets written with each shard before its commit ([[export]] tables: kind = redis | postgres |
+    redis_stream | folder)."""
+    route: list[RouteConfig] = Field(default_factory=list)
+    """Routes ([[route]] tables): rows matching a route's `when` go to its targets instead of the output."""
+
+    @field_validator("route")
+    @classmethod
+    def _unique_routes(cls, v: list[RouteConfig]) -> list[RouteConfig]:
+        names = [r.name for r in v]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"two routes are named {dup!r}")
+        return v
+
+    @property
+    def passthrough_columns(self) -> list[str]:
+        """Input columns copied to the output: the id column and ``sink.keep_columns``, once each."""
+        return list(dict.fromkeys(c for c in [self.source.id_column, *self.sink.keep_columns] if c))
+
+    def require_runnable(self) -> None:
+        """Refuse a config that cannot run, naming the missing field."""
+        if not self.source.paths:
+            raise ConfigError("source.paths: no input given; pass --input or set source.paths")
+        if not self.model.name:
+            raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+        if not self.sink.path:
+            raise ConfigError("sink.path: no output directory given; pass --output or set sink.path")
+        scheme, sep, _ = self.sink.path.partition("://")
+        if sep and scheme != "file":
+            import fsspec
+
+            if scheme not in fsspec.available_protocols():
+                raise ConfigError(f"sink.path: {self.sink.path}: no filesystem knows {scheme}:// (fsspec has none)")

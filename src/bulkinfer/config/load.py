@@ -1,0 +1,111 @@
+"""Reading a job: TOML, flags and ``--set key=value`` into one validated :class:`JobConfig`, with
+one-line errors; and every field's documentation (:func:`field_docs`)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..core.credentials import find_masked
+from ..core.errors import ConfigError
+from .exports import (
+    EXPORT_KINDS,
+    RouteConfig,
+)
+from .job import JobConfig
+
+
+def _format_validation_error(exc: ValidationError, origin: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (see `bulkinfer run --help` for the fields)"
+    elif "input" in err and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{origin}: {loc}: {msg}{more}"
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as a TOML value, falling back to a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    sets: list[str] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> JobConfig:
+    """Build a :class:`JobConfig` from ``base`` or a TOML file, then dotted-key overrides, then ``k=v`` strings."""
+    data: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (base or {}).items()}
+    origin = "config"
+    if path is not None:
+        origin = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: config file not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    for item in sets or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set runtime.batch_size=64")
+        _set_dotted(data, key.strip(), parse_value(raw.strip()))
+    if base is not None and path is None and (masked := find_masked(data)) is not None:
+        raise ConfigError(
+            f"{masked}: the output's job.json keeps no credentials; rerun with the job file that holds it (-c)"
+        )
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from exc
+
+
+def field_docs() -> Iterator[tuple[str, str, str]]:
+    """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
+    for section, info in JobConfig.model_fields.items():
+        if section == "export":
+            kinds = ", ".join(t.model_fields["kind"].default for t in EXPORT_KINDS)
+            yield "export.kind", "(required)", f"Which target this [[export]] table is: {kinds}; its fields follow."
+            for target in EXPORT_KINDS:
+                for name, field in target.model_fields.items():
+                    if name != "kind":
+                        doc = " ".join((field.description or "").split())
+                        kind = target.model_fields["kind"].default
+                        yield f"export.{name}", repr(field.get_default(call_default_factory=True)), f"({kind}) {doc}"
+            continue
+        if section == "route":
+            for name, field in RouteConfig.model_fields.items():
+                default = "[]" if name == "export" else "(required)"
+                yield f"route.{name}", default, " ".join((field.description or "").split())
+            continue
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        for name, field in model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            doc = " ".join((field.description or "").split())
+            yield f"{section}.{name}", repr(default), doc

@@ -1,0 +1,54 @@
+"""``[model]``: what model runs over the rows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Section
+
+
+class ModelConfig(Section):
+    name: str = ""
+    """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
+    a joblib/pickle file of an estimator, an .onnx file, an index written by `bulkinfer index` (kNN: top-k
+    neighbours per row), or 'module:attr' naming your own adapter."""
+    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate"] = "auto"
+    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate)."""
+    text_column: str | None = None
+    """Column holding the text to embed (text models)."""
+    feature_columns: list[str] = Field(default_factory=list)
+    """Feature columns in model order (tabular models); default: the model's feature_names_in_."""
+    max_seq_length: int | None = Field(default=None, ge=1)
+    """Truncate texts to this many tokens; default: the model's own max_seq_length."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the adapter: a custom adapter's constructor arguments; for .onnx models
+    {inputs = {onnx_input = "column"}, outputs = {onnx_output = "column"}}."""
+    prompt_template: str | None = None
+    """Generation models: the prompt of each row, with {column} placeholders ("Summarise: {text}");
+    default: the text column as it is."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Generation models: tokens generated per row at most (finish_reason = length when reached)."""
+    stop: list[str] = Field(default_factory=list)
+    """Generation models: a completion ends before the first of these strings (finish_reason = stop)."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Generation models: 0 is greedy; above 0, sampling (each row with its own seed: see seed)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Generation models, sampling: draw from the smallest set of tokens whose probability reaches top_p."""
+    seed: int = 0
+    """Generation models, sampling: with the prompt, seeds each row's draws (a resumed row regenerates the same)."""
+    messages: list[dict[str, str]] = Field(default_factory=list)
+    """Generation models: chat messages ({role, content} with {column} placeholders) rendered by the tokenizer's
+    chat template, instead of prompt_template."""
+    chat_template: str | None = None
+    """Generation models: a Jinja chat template replacing the tokenizer's own."""
+    json_schema: dict[str, Any] | str | None = None
+    """Generation models: every completion is JSON valid against this schema (an object, or a .json file's path):
+    constrained decoding."""
+    expand_json: bool = False
+    """Generation models with json_schema: the JSON's top-level fields also become typed output columns."""
+    ignore_eos: bool = False
+    """Generation models: always generate max_new_tokens, EOS or not (benchmarks; as vLLM's ignore_eos)."""
+    served_name: str | None = None
+    """The model's name in OpenAI requests (body.model) and responses; default: the model directory's name."""

@@ -1,0 +1,30 @@
+"""``[sink]``: where results go."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Section
+
+
+class SinkConfig(Section):
+    path: str = ""
+    """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
+    format: Literal["parquet", "jsonl", "csv", "openai-batch", "delta"] = "parquet"
+    """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines;
+    delta: the folder is a Delta Lake table, each part added in an idempotent commit."""
+    keep_columns: list[str] = Field(default_factory=list)
+    """Input columns copied to the output next to the results (the id column always is)."""
+    preserve_order: bool = True
+    """Keep input row order within each shard's output file."""
+    compression: str = "zstd"
+    """Parquet compression codec."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options of an object-store path (s3: endpoint_url, key, secret, profile, client_kwargs...)."""
+    input_hash: bool = False
+    """Write each row's input hash (_input_hash) beside its results, so a later run can be incremental
+    from this output (always on in an incremental run)."""
+    mode: Literal["snapshot", "delta"] = "snapshot"
+    """snapshot: every row; delta (with source.previous): only new and changed rows, plus _deleted.parquet."""
