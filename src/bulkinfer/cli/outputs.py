@@ -1,0 +1,222 @@
+"""The commands over finished outputs: ``inspect``, ``index``, ``compare``, ``report`` and ``costs``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..core.errors import BulkinferError
+from .common import (
+    QuietOption,
+    _fail,
+    _prepare,
+    _split,
+)
+
+
+def inspect(
+    output: Annotated[
+        str, typer.Argument(help="An output of bulkinfer run: a folder, or an object-store prefix (s3://...).")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show what is committed, what remains, errors and the job fingerprint; for one part file,
+    its provenance (job, model, input file and rows) and whether _SUCCESS vouches for it."""
+    from ..outputs.status import inspect_output, inspect_part, is_part_file
+
+    try:
+        info = inspect_part(output) if is_part_file(output) else inspect_output(output)
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if "provenance" in info:
+        _print_part(info, as_json)
+        return
+    if as_json:
+        typer.echo(json.dumps(info, indent=1))
+        return
+    state = "complete" if info["complete"] else ("running" if info["running"] else "incomplete")
+    typer.echo(f"{info['output']}: {state}")
+    typer.echo(f"  job fingerprint  {info['job_fingerprint']}")
+    typer.echo(f"  model            {info['model']['kind']} {info['model']['location']}")
+    typer.echo(
+        f"  shards           {info['shards_committed']}/{info['shards_planned']} committed, "
+        f"{info['shards_remaining']} remaining"
+    )
+    typer.echo(
+        f"  rows             {info['rows_committed']}/{info['rows_planned']} committed, "
+        f"{info['rows_remaining']} remaining"
+    )
+    typer.echo(f"  errors           {info['error_records']} error record(s)")
+    if info["column_types"]:
+        typer.echo(f"  column types     {', '.join(f'{c} {t}' for c, t in info['column_types'].items())}")
+    if info["lock_holder"]:
+        typer.echo(f"  running          {info['lock_holder']}")
+    if info["last_run"]:
+        lr = info["last_run"]
+        typer.echo(f"  last run         {lr['status']}, {lr['rows_out']} rows, {lr['rows_per_s']} rows/s")
+
+
+def _print_part(info: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(info, indent=1))
+        return
+    typer.echo(f"{info['file']}: {info['rows']} rows, {info['bytes']} bytes; columns {', '.join(info['columns'])}")
+    p = info["provenance"]
+    if p is None:
+        typer.echo("  no provenance in its metadata: not a part written by bulkinfer")
+    else:
+        typer.echo(f"  job fingerprint  {p['job_fingerprint']} (bulkinfer {p['bulkinfer_version']})")
+        typer.echo(f"  model            {p['model_kind']} {p['model']} (digest {p['model_digest']}, {p['precision']})")
+        lo, hi = p["input_rows"]
+        typer.echo(f"  input            {p['input']} rows {lo}-{hi} (shard {p['shard']})")
+    vouched = {True: "listed in _SUCCESS, checksum matches", False: "listed in _SUCCESS with ANOTHER checksum"}
+    typer.echo(f"  committed        {vouched.get(info['in_manifest'], 'no _SUCCESS beside it lists this file')}")
+
+
+def index(
+    output: Annotated[
+        str, typer.Argument(help="A finished bulkinfer output (Parquet) with a vector column: a folder or s3://...")
+    ],
+    dest: Annotated[Path, typer.Option("--output", "-o", help="The index file to write (e.g. items.index).")],
+    column: Annotated[str, typer.Option(help="The vector column.")] = "embedding",
+    kind: Annotated[str, typer.Option(help="flat (exact), hnsw, or ivf-pq (compressed).")] = "hnsw",
+    metric: Annotated[str, typer.Option(help="cosine, ip (inner product) or l2.")] = "cosine",
+    k: Annotated[int, typer.Option(help="The k of the recall@k check.")] = 10,
+    min_recall: Annotated[
+        float | None, typer.Option(help="Refuse (exit 1, nothing written) an index whose recall@k is lower.")
+    ] = None,
+    ef_search: Annotated[int | None, typer.Option(help="HNSW: candidates kept while searching.")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF-PQ: lists searched per query.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Build an approximate-nearest-neighbour index (Faiss) over an output's vectors; check its recall."""
+    _prepare(quiet)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from ..outputs.index import IndexSpec, build_index
+
+    if kind not in ("flat", "hnsw", "ivf-pq") or metric not in ("cosine", "ip", "l2"):
+        typer.echo("bulkinfer: error: --kind is flat, hnsw or ivf-pq; --metric is cosine, ip or l2", err=True)
+        raise typer.Exit(2)
+    spec = IndexSpec(column=column, kind=kind, metric=metric, k=k, ef_search=ef_search, nprobe=nprobe)  # type: ignore[arg-type]
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=quiet or as_json,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("indexing", total=None)
+        try:
+            report = build_index(
+                output, dest, spec, min_recall, lambda done, total: bar.update(task, completed=done, total=total)
+            )
+        except BulkinferError as exc:
+            raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(report), indent=1))
+        return
+    typer.echo(
+        f"wrote {report.index}: {report.kind} ({report.metric}, {report.dim} dims, {report.params}), "
+        f"{report.vectors} vectors, {report.index_bytes / 2**20:.1f} MiB, built in {report.build_s:.1f} s"
+    )
+    typer.echo(
+        f"recall@{report.k} {report.recall:.4f} against exact search on {report.queries} sampled queries; "
+        f"{report.queries_per_s:.0f} queries/s"
+        + (f"; {report.rows_failed} row(s) not indexed: see {report.index}.errors.jsonl" if report.rows_failed else "")
+    )
+
+
+def compare(
+    old: Annotated[str, typer.Argument(help="The output in production (a finished folder or s3://...).")],
+    new: Annotated[str, typer.Argument(help="The candidate output, over the same ids.")],
+    id_column: Annotated[str | None, typer.Option("--id", help="Join column (default: the runs' id column).")] = None,
+    column: Annotated[list[str] | None, typer.Option(help="Only these output columns; comma-separated.")] = None,
+    sample: Annotated[int | None, typer.Option(help="About N ids, drawn by hash across the whole output.")] = None,
+    k: Annotated[int, typer.Option("--k", help="Neighbours per query for the top-K overlap.")] = 10,
+    queries: Annotated[int, typer.Option(help="Queries for the top-K overlap.")] = 200,
+    fail_if: Annotated[
+        str | None,
+        typer.Option(help='Exit 1 when this holds, e.g. "cosine.p5 < 0.95 or topk_overlap < 0.8" (see --json).'),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI); gate a rollout."""
+    _prepare(quiet)
+    from ..core.errors import CheckFailed
+    from ..outputs.compare import CompareSpec, compare_outputs, gate, summary_lines
+
+    spec = CompareSpec(id_column, tuple(_split(column) or ()), sample, k, queries)
+    try:
+        result = compare_outputs(old, new, spec)
+        failed, read = gate(fail_if, result["figures"]) if fail_if else (False, {})
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if fail_if:
+        result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
+    typer.echo(json.dumps(result, indent=1) if as_json else "\n".join(summary_lines(result)))
+    if failed:
+        shown = ", ".join(f"{n} = {'not measured' if v is None else round(v, 6)}" for n, v in read.items())
+        raise _fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); keep {old} in production"))
+    if fail_if and not as_json:
+        typer.echo(f"gate passed: {fail_if!r} does not hold")
+
+
+def report(
+    output: Annotated[str, typer.Argument(help="An output of bulkinfer run (a folder or s3://...).")],
+    compare_with: Annotated[
+        str | None, typer.Option("--compare", help="Another output (production) to compare this one with.")
+    ] = None,
+    dest: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="The HTML file (default: OUTPUT/_bulkinfer/report.html; ./report.html for s3://)."
+        ),
+    ] = None,
+    sample: Annotated[int | None, typer.Option(help="--compare: about N ids, drawn across the whole output.")] = None,
+    quiet: QuietOption = False,
+) -> None:
+    """One self-contained HTML page about a run: throughput, time, batches, cost, errors, statistics,
+    drift and, with --compare, the canary comparison. It opens offline."""
+    _prepare(quiet)
+    from ..outputs.compare import CompareSpec, compare_outputs
+    from ..report.html import load_run, render_report
+    from ..sinks import is_remote
+
+    try:
+        run = load_run(output)
+        comparison = compare_outputs(compare_with, output, CompareSpec(sample=sample)) if compare_with else None
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    if dest is None:
+        dest = Path("report.html") if is_remote(output) else Path(output) / "_bulkinfer" / "report.html"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(render_report(run, comparison), encoding="utf-8")
+    typer.echo(f"wrote {dest}")
+
+
+def costs(
+    outputs: Annotated[list[str], typer.Argument(help="Outputs (folders, s3://... prefixes or globs of them).")],
+    by: Annotated[
+        list[str] | None, typer.Option(help="Label keys to group by (default: every cost.labels key); comma-separated.")
+    ] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+) -> None:
+    """Sum the cost of every run of the outputs by month and cost.labels (the bill per team and model)."""
+    from ..outputs.costs import collect_runs, render, sum_costs
+
+    if output_format not in ("table", "csv", "json"):
+        typer.echo("bulkinfer: error: --format is table, csv or json", err=True)
+        raise typer.Exit(2)
+    try:
+        rows = sum_costs(collect_runs(outputs), _split(by))
+    except BulkinferError as exc:
+        raise _fail(exc) from None
+    typer.echo(render(rows, output_format))
