@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-
 __all__ = ["Section"]
 
 

@@ -8,6 +8,15 @@ job calls every runner the same way::
 
 A runner never decides what is committed: it hands each finished shard to the
 committer, which stages, publishes and appends the ledger line.
+
+**The shard-split protocol** (a straggler's tail goes to an idle worker; the Ray driver
+speaks it to each worker's local runner, :class:`Splittable`): ``progress()`` gives, per
+shard being read, the first row not yet handed on to the model; ``split(index, at, stop)``
+asks shard ``index`` to end at row ``at``. The runner accepts the later of ``at`` and its
+next unread row, stops reading there, finishes (and commits) the rows before it as the
+shard, and answers that row; the caller then owns the rows from it to ``stop`` as a new
+shard. None means too late (the shard is read, or nearly). Rows already handed on are never
+moved, so no row is inferred twice, and the two parts' names come from their first rows.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ if TYPE_CHECKING:
     from ..sinks import StagedOutput
     from ..sources import Shard
 
-__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput"]
+__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput", "Splittable"]
 
 Emit = Callable[[ShardOutput], None]
 """Takes a finished shard (the local runner calls it from its writer thread)."""
@@ -84,3 +93,16 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Splittable(Protocol):
+    """A runner whose shards can be split while they run (the protocol above)."""
+
+    def progress(self) -> dict[int, int]:
+        """The first row not yet handed on, of each shard being read."""
+        ...
+
+    def split(self, index: int, at: int, stop: int) -> int | None:
+        """End shard ``index`` at ``at`` or its first row not yet read, whichever is later;
+        that row, or None when it is too late. The caller owns the rows from there to ``stop``."""
+        ...

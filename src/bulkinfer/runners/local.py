@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,15 +35,16 @@ import pyarrow.compute as pc
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, to_arrow_column
 from ..config import JobConfig
-from ..core.batching import bisect_call, plan_batches, restore_order
+from ..core.batching import bisect_call, plan_batches
 from ..core.errors import BulkinferError, ModelError, SourceError
 from ..core.layout import HASH_COLUMN
-from ..core.records import ErrorRecord, ShardOutput
+from ..core.records import ErrorRecord
 from ..core.schema import parse_type
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit, Gate
-from .reuse import DedupeCache, PreviousOutput, Slot, row_hashes
+from .reuse import WindowReuse
+from .window import Assembler, Batch, Failure, ShardEnd, ShardState, WindowEnd, isolate, row_id
 
 __all__ = ["LocalRunner"]
 
@@ -54,60 +55,6 @@ log = logging.getLogger("bulkinfer")
 def _is_oom(exc: BaseException) -> bool:
     name = type(exc).__name__
     return isinstance(exc, MemoryError) or "OutOfMemory" in name or "Failed to allocate" in str(exc)
-
-
-@dataclass
-class _Batch:
-    shard: int
-    rows: np.ndarray  # positions in the window
-    feature_idx: np.ndarray  # positions in the window's features (what ``select`` takes)
-    payload: Any
-    features: Any
-
-
-@dataclass
-class _WindowEnd:
-    shard: Shard
-    rows: np.ndarray  # each window position's row number in the file
-    passthrough: pa.Table
-    errors: list[ErrorRecord]
-    next_row: int  # the first row after this window (rows before it are done once it is assembled)
-    reuse: _Reuse = field(default_factory=lambda: _Reuse())  # what the window takes instead of inferring it
-
-
-@dataclass
-class _Reuse:
-    """What a window takes from elsewhere instead of inferring it."""
-
-    compute: np.ndarray | None = None  # positions to infer (None: all)
-    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
-    dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
-    hashes: np.ndarray | None = None  # each position's input hash
-    owned: tuple[np.ndarray, list[Slot]] | None = None  # positions inferred here, and the slots they fill
-    deferred: tuple[np.ndarray, list[Slot]] | None = None  # positions taking an earlier window's result
-
-
-@dataclass
-class _ShardEnd:
-    shard: Shard
-    failed_from: int | None = None
-    error: BaseException | None = None
-    stop: int | None = None  # the shard was split: its rows end here
-
-
-@dataclass
-class _Failure:
-    error: BaseException
-
-
-@dataclass
-class _ShardState:
-    shard: Shard
-    done_rows: int = 0
-    windows: list[pa.Table] = field(default_factory=list)
-    errors: list[ErrorRecord] = field(default_factory=list)
-    pieces: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)
-    batch_errors: list[tuple[int, BaseException]] = field(default_factory=list)
 
 
 class LocalRunner:
@@ -130,30 +77,26 @@ class LocalRunner:
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
         # results computed once (see bulkinfer.runners.reuse): from a previous output, or from identical rows
-        self.hash_columns = list(adapter.input_columns)
-        self.write_hash = cfg.sink.input_hash or cfg.source.previous is not None
-        self.previous: PreviousOutput | None = None
-        self.dedupe: bool | None = None if cfg.runtime.dedupe == "auto" else bool(cfg.runtime.dedupe)
-        self.cache = DedupeCache(cfg.runtime.dedupe_cache_rows)
-        self._out_types: dict[str, pa.DataType] = {}
+        self.reuse = WindowReuse(cfg, adapter.input_columns)
+        self.assembler = Assembler(cfg.sink.preserve_order, cfg.source.id_column)
 
     # -- the runner contract -------------------------------------------------------
     def start(self, gate: Gate) -> None:
         """Set the model up in this process, then run the quality gate."""
         self.adapter.setup(job_setup_context(self.cfg))
-        self.load_previous()
+        self.reuse.load_previous()
         gate()
         self.stats.mark_running()
 
-    def load_previous(self) -> None:
-        """The previous output's index (``source.previous``), once per process."""
-        if self.cfg.source.previous and self.previous is None:
-            self.previous = PreviousOutput(self.cfg.source.previous, self.cfg.source.id_column or "")
+    @property
+    def dedupe(self) -> bool | None:
+        """Whether duplicate inputs are computed once (None: ``auto``, not decided yet)."""
+        return self.reuse.dedupe
 
     def close(self) -> None:
         self.adapter.close()
 
-    # -- splitting (stragglers) ---------------------------------------------------
+    # -- splitting (stragglers): the protocol in runners/base.py -------------------
     def progress(self) -> dict[int, int]:
         """The first row not yet read of each shard still being read."""
         with self._lock:
@@ -207,10 +150,6 @@ class LocalRunner:
     def _wanted(self, row: int) -> bool:
         return self.row_filter is None or row in self.row_filter
 
-    def _row_id(self, table: pa.Table, pos: int) -> Any:
-        col = self.cfg.source.id_column
-        return table.column(col)[pos].as_py() if col and col in table.column_names else None
-
     def _preprocess(self, shard: Shard, rows: np.ndarray, table: pa.Table) -> tuple[Any, np.ndarray, list[ErrorRecord]]:
         """Features of the window's good rows, their positions, and error records for the bad ones."""
         positions = np.arange(table.num_rows)
@@ -229,7 +168,9 @@ class LocalRunner:
             )
         bad = {pos for pos, _exc in failed}
         errors = [
-            ErrorRecord.of(shard.uri, int(rows[pos]), "preprocess", exc, row_id=self._row_id(table, pos))
+            ErrorRecord.of(
+                shard.uri, int(rows[pos]), "preprocess", exc, row_id=row_id(table, pos, self.cfg.source.id_column)
+            )
             for pos, exc in failed
         ]
         good = np.array([p for p in positions if p not in bad], dtype=np.int64)
@@ -237,63 +178,17 @@ class LocalRunner:
             return None, good, errors
         return self.adapter.preprocess(table.take(pa.array(good))), good, errors
 
-    def _batches(self, shard: Shard, features: Any, good: np.ndarray) -> list[_Batch]:
-        items: list[_Batch] = []
+    def _batches(self, shard: Shard, features: Any, good: np.ndarray) -> list[Batch]:
+        items: list[Batch] = []
         costs = self.adapter.cost(features)
         for idx in plan_batches(costs, len(good), self.batch_size, self.cfg.runtime.max_tokens):
-            items.append(_Batch(shard.index, good[idx], idx, self.adapter.select(features, idx), features))
+            items.append(Batch(shard.index, good[idx], idx, self.adapter.select(features, idx), features))
             if costs is not None:
                 lens = [costs[i] for i in idx]
                 self.stats.add_batch(len(idx), sum(lens), max(lens) * len(idx))
             else:
                 self.stats.add_batch(len(idx))
         return items
-
-    def _reuse(self, table: pa.Table) -> _Reuse:
-        """Split a window's rows into those to infer and those whose result is known: unchanged
-        since the previous output, seen earlier (dedupe cache), or repeating a row of this window."""
-        out = _Reuse()
-        if not table.num_rows or not (self.write_hash or self.previous is not None or self.dedupe is not False):
-            return out
-        out.hashes = hashes = row_hashes(table, self.hash_columns)
-        todo = np.arange(table.num_rows)
-        if self.previous is not None:
-            id_col = table.column(self.cfg.source.id_column or "")
-            same, where = self.previous.matches(id_col, hashes)
-            if same.any():
-                pos = np.flatnonzero(same)
-                self.stats.add_reuse(previous=len(pos))
-                if self.cfg.sink.mode != "delta":  # delta: unchanged rows are left out of the output
-                    cols = self.previous.take(where[same], self.previous.output_columns, id_col.take(pa.array(pos)))
-                    out.reused.append((pos, cols))
-                todo = np.flatnonzero(~same)
-        if self.dedupe is None and len(todo):  # auto: decided once, from the first rows to infer
-            self.dedupe = 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
-            log.info("runtime.dedupe = auto: %s", "on" if self.dedupe else "off")
-        if self.dedupe and len(todo):
-            todo = self._dedupe(todo, hashes, out)
-        if len(todo) < table.num_rows:
-            out.compute = todo
-        return out
-
-    def _dedupe(self, todo: np.ndarray, hashes: np.ndarray, out: _Reuse) -> np.ndarray:
-        """Rows of ``todo`` whose input an earlier window sent to the model take that result (its
-        slot, filled by the time this window is assembled); of the rest, the first row of each
-        input is inferred (claiming a slot) and the others copy it."""
-        slots = self.cache.lookup(hashes[todo])
-        known = np.fromiter((s is not None for s in slots), bool, len(todo))
-        if known.any():
-            out.deferred = (todo[known], [s for s in slots if s is not None])
-        todo = todo[~known]
-        _, first, inverse = np.unique(hashes[todo], return_index=True, return_inverse=True)
-        is_first = np.zeros(len(todo), bool)
-        is_first[first] = True
-        if not is_first.all():
-            out.dupes = (todo[~is_first], todo[first[inverse[~is_first]]])
-        self.stats.add_reuse(deduplicated=int(known.sum()) + len(todo) - int(is_first.sum()))
-        computed = todo[is_first]
-        out.owned = (computed, self.cache.claim(hashes[computed]))
-        return computed
 
     def _produce_shard(self, shard: Shard, q: queue.Queue[Any]) -> bool:
         """Queue the shard's batches and window ends; False when told to stop."""
@@ -317,7 +212,7 @@ class LocalRunner:
                     table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
                 rows = table.column(ROW).to_numpy()
                 table = table.drop_columns([ROW])
-                reuse = self._reuse(table)
+                reuse = self.reuse.plan(table, self.stats)
                 sub = table if reuse.compute is None else table.take(pa.array(reuse.compute))
                 sub_rows = rows if reuse.compute is None else rows[reuse.compute]
                 features, good, pre_errors = (
@@ -331,14 +226,14 @@ class LocalRunner:
                     q.put(item)
                 next_row = max([last, *(e.row for e in errors if e.row is not None)]) + 1
                 passthrough = table.select(self.passthrough)
-                if self.write_hash:
+                if self.reuse.write_hash:
                     passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
-                q.put(_WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row, reuse))
+                q.put(WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row, reuse))
                 if limit is not None:
-                    q.put(_ShardEnd(shard, stop=limit))
+                    q.put(ShardEnd(shard, stop=limit))
                     return True
         except SourceError as exc:
-            q.put(_ShardEnd(shard, failed_from=next_row, error=exc))
+            q.put(ShardEnd(shard, failed_from=next_row, error=exc))
             return True
         finally:
             with self._lock:
@@ -352,8 +247,8 @@ class LocalRunner:
                 if self._wanted(r) and (limit is None or r < limit)
             ]
             empty = pa.table({c: pa.array([], pa.null()) for c in self.passthrough})
-            q.put(_WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, limit or shard.stop))
-        q.put(_ShardEnd(shard, stop=limit))
+            q.put(WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, limit or shard.stop))
+        q.put(ShardEnd(shard, stop=limit))
         return True
 
     def _produce(self, shards: Sequence[Shard], q: queue.Queue[Any]) -> None:
@@ -362,12 +257,12 @@ class LocalRunner:
                 if not self._produce_shard(shard, q):
                     return
         except BaseException as exc:  # handed to the calling thread, which raises it
-            q.put(_Failure(exc))
+            q.put(Failure(exc))
         finally:
             q.put(_STOP)
 
     # -- inference -------------------------------------------------------------
-    def _call(self, item: _Batch, feature_idx: np.ndarray | None) -> dict[str, pa.Array]:
+    def _call(self, item: Batch, feature_idx: np.ndarray | None) -> dict[str, pa.Array]:
         payload = item.payload if feature_idx is None else self.adapter.select(item.features, feature_idx)
         timeout = self.cfg.runtime.batch_timeout_s
         if timeout is None:
@@ -391,7 +286,7 @@ class LocalRunner:
         if _is_oom(exc):
             self.batch_size = max(1, min(self.batch_size, len(part)) // 2)
 
-    def _predict(self, item: _Batch, state: _ShardState) -> None:
+    def _predict(self, item: Batch, state: ShardState) -> None:
         t0 = time.perf_counter()
         try:
             try:
@@ -401,126 +296,11 @@ class LocalRunner:
                 raise
             except Exception as exc:
                 self._shrink(item.feature_idx, exc)
-            # isolate the rows that fail: bisect over the batch, the rest is written
-            to_row = dict(zip(item.feature_idx.tolist(), item.rows.tolist(), strict=True))
-            done, failed = bisect_call(
-                item.feature_idx, lambda idx: self._call(item, idx), self._shrink, known_bad=True
-            )
-            for idx, cols in done:
-                state.pieces.append((np.array([to_row[int(i)] for i in idx], dtype=np.int64), cols))
-            for feature_row, err in failed:
-                if isinstance(err, BulkinferError):
-                    raise err
-                state.batch_errors.append((to_row[feature_row], err))
+            isolate(item, lambda idx: self._call(item, idx), self._shrink, state)  # the rest is written
         finally:
             self.stats.add_time("infer", time.perf_counter() - t0)
             self.stats.rows_inferred += len(item.rows)
             self.on_progress()
-
-    def _assemble(self, state: _ShardState, end: _WindowEnd) -> None:
-        computed, state.pieces = state.pieces, []
-        batch_errors, state.batch_errors = state.batch_errors, []
-        state.errors.extend(end.errors)
-        for pos, exc in batch_errors:
-            self._fail_row(state, end, pos, "predict", exc)
-        reuse = end.reuse
-        pieces = computed + reuse.reused
-        if reuse.dupes is not None or reuse.owned is not None or reuse.deferred is not None:
-            pieces += self._fan_out(computed, end, dict(batch_errors), state)
-        rows, take = restore_order([p[0] for p in pieces])
-        names = list(pieces[0][1]) if pieces else []
-        clash = [n for n in names if n in end.passthrough.column_names]
-        if clash:
-            raise ModelError(
-                f"output column {clash[0]!r} clashes with a kept input column; drop it from sink.keep_columns"
-            )
-        if self.cfg.sink.preserve_order:
-            keep, order = rows, pa.array(take)
-        else:
-            keep = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, dtype=np.int64)
-            order = None
-        arrays = [col.take(pa.array(keep)) for col in end.passthrough.columns]
-        for name in names:
-            parts = [p[1][name] for p in pieces]
-            first = parts[0].type  # results taken from elsewhere get the model's own type
-            col = pa.concat_arrays([a if a.type == first else a.cast(first) for a in parts])
-            arrays.append(col if order is None else col.take(order))
-        table = pa.Table.from_arrays(arrays, names=[*end.passthrough.column_names, *names])
-        if table.num_rows:
-            state.windows.append(table)
-        state.done_rows = end.next_row - state.shard.start
-
-    def _fan_out(
-        self,
-        computed: list[tuple[np.ndarray, dict[str, pa.Array]]],
-        end: _WindowEnd,
-        failed: dict[int, BaseException],
-        state: _ShardState,
-    ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
-        """Fill the slots of the inputs inferred here (for later windows), copy results to the rows
-        of this window that repeat an input, and take the results earlier windows computed. A row
-        whose source failed fails the same way."""
-        at = np.concatenate([p[0] for p in computed]) if computed else np.empty(0, np.int64)
-        cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]} if computed else {}
-        if cols:
-            self._out_types = self._out_types or {n: c.type for n, c in cols.items()}
-        order = np.argsort(at)
-
-        def locate(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """Which ``positions`` were inferred, and their index in ``cols``."""
-            loc = np.searchsorted(at[order], positions)
-            ok = loc < len(at)
-            ok[ok] = at[order][loc[ok]] == positions[ok]
-            return ok, order[loc[ok]]
-
-        def why(src: int) -> tuple[str, str]:
-            cause = failed.get(src) or pre.get(int(end.rows[src]))
-            if isinstance(cause, ErrorRecord):
-                return cause.stage, cause.message
-            return "predict", str(cause)
-
-        pre = {e.row: e for e in end.errors if e.row is not None}
-        out: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
-        if end.reuse.owned is not None:
-            positions, slots = end.reuse.owned
-            ok, idx = locate(positions)
-            values = {n: c.take(pa.array(idx)).to_pylist() for n, c in cols.items()}
-            for j, slot in enumerate(s for s, good in zip(slots, ok, strict=True) if good):
-                slot.values = {n: v[j] for n, v in values.items()}
-            for pos, slot, good in zip(positions.tolist(), slots, ok.tolist(), strict=True):
-                if not good:
-                    stage, message = why(pos)
-                    slot.failed = f"{stage}: {message}"
-        if end.reuse.dupes is not None:
-            dup, src = end.reuse.dupes
-            ok, idx = locate(src)
-            if ok.any():
-                out.append((dup[ok], {n: c.take(pa.array(idx)) for n, c in cols.items()}))
-            for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):
-                stage, message = why(s_)
-                self._fail_row(state, end, d, stage, f"same input as row {int(end.rows[s_])}: {message}")
-        if end.reuse.deferred is not None:
-            positions, slots = end.reuse.deferred
-            filled = [(p, s.values) for p, s in zip(positions.tolist(), slots, strict=True) if s.values is not None]
-            if filled:
-                rows = np.array([p for p, _ in filled], np.int64)
-                out.append((rows, {n: pa.array([v[n] for _, v in filled], t) for n, t in self._out_types.items()}))
-            for p, s_ in zip(positions.tolist(), slots, strict=True):
-                if s_.values is None:
-                    self._fail_row(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
-        return out
-
-    def _fail_row(self, state: _ShardState, end: _WindowEnd, pos: int, stage: str, cause: BaseException | str) -> None:
-        """Record that the row at window position ``pos`` failed."""
-        row_id = self._row_id(end.passthrough, pos)
-        state.errors.append(ErrorRecord.of(end.shard.uri, int(end.rows[pos]), stage, cause, row_id=row_id))
-
-    def _finish(self, state: _ShardState, partial: bool = False) -> ShardOutput:
-        shard = state.shard
-        if partial:
-            shard = replace(shard, stop=shard.start + state.done_rows)
-        table = pa.concat_tables(state.windows) if state.windows else pa.table({})
-        return ShardOutput(shard, table, state.errors)
 
     def run(self, shards: Sequence[Shard], commit: Emit, rows: frozenset[int] | None = None) -> None:
         """Process ``shards`` (only ``rows`` of them when given: ``--retry-errors``); ``commit``
@@ -551,14 +331,14 @@ class LocalRunner:
         writer = threading.Thread(target=write_loop, name="bulkinfer-write", daemon=True)
         producer.start()
         writer.start()
-        states: dict[int, _ShardState] = {}
+        states: dict[int, ShardState] = {}
         by_index = {s.index: s for s in shards}
         try:
             while not writer_error:
                 if self.stop.is_set():
                     for state in states.values():
                         if state.done_rows:
-                            done.put(self._finish(state, partial=True))
+                            done.put(self.assembler.finish(state, partial=True))
                     break
                 t0 = time.perf_counter()
                 try:
@@ -569,15 +349,15 @@ class LocalRunner:
                     self.stats.wait_for_input_s += time.perf_counter() - t0
                 if item is _STOP:
                     break
-                if isinstance(item, _Failure):
+                if isinstance(item, Failure):
                     raise item.error
-                key = item.shard if isinstance(item, _Batch) else item.shard.index
-                state = states.setdefault(key, _ShardState(by_index[key]))
-                if isinstance(item, _Batch):
+                key = item.shard if isinstance(item, Batch) else item.shard.index
+                state = states.setdefault(key, ShardState(by_index[key]))
+                if isinstance(item, Batch):
                     self._predict(item, state)
-                elif isinstance(item, _WindowEnd):
-                    self._assemble(state, item)
-                elif isinstance(item, _ShardEnd):
+                elif isinstance(item, WindowEnd):
+                    self.assembler.assemble(state, item)
+                elif isinstance(item, ShardEnd):
                     del states[key]
                     if item.stop is not None:
                         state.shard = replace(state.shard, stop=item.stop)
@@ -587,7 +367,7 @@ class LocalRunner:
                         state.errors.append(
                             ErrorRecord.of(item.shard.uri, item.failed_from, "read", item.error, rows=n)
                         )
-                    done.put(self._finish(state))
+                    done.put(self.assembler.finish(state))
         finally:
             self._halt.set()
             _drain(q, producer)

@@ -15,6 +15,9 @@ identity); otherwise nothing is reused and the run says why. The previous output
 
 **Dedupe.** Within a run, a row whose input hash was seen in the same window of rows, or in
 a bounded cache of recent results (``runtime.dedupe_cache_rows``), takes that result.
+
+:class:`WindowReuse` makes both decisions for each window a runner reads (:class:`Reuse`);
+the window's assembly (:mod:`bulkinfer.runners.window`) puts the results where they belong.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,13 +42,16 @@ if TYPE_CHECKING:
     from ..commit.ledger import OutputLedger
     from ..config import JobConfig
     from ..plan import JobPlan
+    from ..report import RunStats
 
 __all__ = [
     "DELETED",
     "HASH_COLUMN",
     "DedupeCache",
     "PreviousOutput",
+    "Reuse",
     "Slot",
+    "WindowReuse",
     "deleted_rows",
     "id_keys",
     "row_hashes",
@@ -315,3 +321,83 @@ class DedupeCache:
             while len(self._slots) > self.max_rows:
                 self._slots.popitem(last=False)
         return slots
+
+
+@dataclass
+class Reuse:
+    """What a window takes from elsewhere instead of inferring it."""
+
+    compute: np.ndarray | None = None  # positions to infer (None: all)
+    reused: list[tuple[np.ndarray, dict[str, pa.Array]]] = field(default_factory=list)  # results not inferred
+    dupes: tuple[np.ndarray, np.ndarray] | None = None  # positions that copy the result of other positions
+    hashes: np.ndarray | None = None  # each position's input hash
+    owned: tuple[np.ndarray, list[Slot]] | None = None  # positions inferred here, and the slots they fill
+    deferred: tuple[np.ndarray, list[Slot]] | None = None  # positions taking an earlier window's result
+
+
+class WindowReuse:
+    """Decides, window by window, which rows are inferred and which take a result from the
+    previous output (``--incremental-from``) or from an identical input (``runtime.dedupe``).
+    One per process: a Ray worker keeps its own across the shards it runs (the previous
+    output's index is loaded once, the dedupe cache is shared)."""
+
+    def __init__(self, cfg: JobConfig, input_columns: Sequence[str]) -> None:
+        self.hash_columns = list(input_columns)
+        self.id_column = cfg.source.id_column or ""
+        self.delta = cfg.sink.mode == "delta"  # unchanged rows are left out of the output
+        self.write_hash = cfg.sink.input_hash or cfg.source.previous is not None
+        self.previous_at = cfg.source.previous
+        self.previous: PreviousOutput | None = None
+        self.dedupe: bool | None = None if cfg.runtime.dedupe == "auto" else bool(cfg.runtime.dedupe)
+        self.cache = DedupeCache(cfg.runtime.dedupe_cache_rows)
+
+    def load_previous(self) -> None:
+        """The previous output's index (``source.previous``), once."""
+        if self.previous_at and self.previous is None:
+            self.previous = PreviousOutput(self.previous_at, self.id_column)
+
+    def plan(self, table: pa.Table, stats: RunStats) -> Reuse:
+        """Split a window's rows into those to infer and those whose result is known: unchanged
+        since the previous output, seen earlier (dedupe cache), or repeating a row of this window."""
+        out = Reuse()
+        if not table.num_rows or not (self.write_hash or self.previous is not None or self.dedupe is not False):
+            return out
+        out.hashes = hashes = row_hashes(table, self.hash_columns)
+        todo = np.arange(table.num_rows)
+        if self.previous is not None:
+            id_col = table.column(self.id_column)
+            same, where = self.previous.matches(id_col, hashes)
+            if same.any():
+                pos = np.flatnonzero(same)
+                stats.add_reuse(previous=len(pos))
+                if not self.delta:
+                    cols = self.previous.take(where[same], self.previous.output_columns, id_col.take(pa.array(pos)))
+                    out.reused.append((pos, cols))
+                todo = np.flatnonzero(~same)
+        if self.dedupe is None and len(todo):  # auto: decided once, from the first rows to infer
+            self.dedupe = 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
+            log.info("runtime.dedupe = auto: %s", "on" if self.dedupe else "off")
+        if self.dedupe and len(todo):
+            todo = self._dedupe(todo, hashes, out, stats)
+        if len(todo) < table.num_rows:
+            out.compute = todo
+        return out
+
+    def _dedupe(self, todo: np.ndarray, hashes: np.ndarray, out: Reuse, stats: RunStats) -> np.ndarray:
+        """Rows of ``todo`` whose input an earlier window sent to the model take that result (its
+        slot, filled by the time this window is assembled); of the rest, the first row of each
+        input is inferred (claiming a slot) and the others copy it."""
+        slots = self.cache.lookup(hashes[todo])
+        known = np.fromiter((s is not None for s in slots), bool, len(todo))
+        if known.any():
+            out.deferred = (todo[known], [s for s in slots if s is not None])
+        todo = todo[~known]
+        _, first, inverse = np.unique(hashes[todo], return_index=True, return_inverse=True)
+        is_first = np.zeros(len(todo), bool)
+        is_first[first] = True
+        if not is_first.all():
+            out.dupes = (todo[~is_first], todo[first[inverse[~is_first]]])
+        stats.add_reuse(deduplicated=int(known.sum()) + len(todo) - int(is_first.sum()))
+        computed = todo[is_first]
+        out.owned = (computed, self.cache.claim(hashes[computed]))
+        return computed

@@ -22,7 +22,8 @@ from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
 from ..local import LocalRunner
-from ..reuse import DedupeCache
+from ..reuse import WindowReuse
+from ..window import Assembler
 from .cluster import enter
 
 __all__ = ["Worker"]
@@ -38,13 +39,15 @@ class Worker:
         self.routes = compile_routes(self.cfg)
         self.runner: Any = None
         self.error: BaseException | None = None
-        self.previous: Any = None  # the previous output's index (--incremental-from), loaded on first use
-        self.cache = DedupeCache(self.cfg.runtime.dedupe_cache_rows)
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:
             settled = settle(self.cfg)  # the driver's config is settled already: the same model and adapter
             self.model, self.adapter = settled.model, settled.adapter
             self.adapter.setup(job_setup_context(self.cfg, threads=threads))
+            # one per worker, shared by its shards: the previous output's index is loaded once and
+            # the dedupe cache and output types carry from shard to shard
+            self.reuse = WindowReuse(self.cfg, self.adapter.input_columns)
+            self.assembler = Assembler(self.cfg.sink.preserve_order, self.cfg.source.id_column)
         except BaseException as exc:  # reported by ready(), raised by the driver
             self.error = exc
 
@@ -66,9 +69,8 @@ class Worker:
             raise self.error
         stats = RunStats()
         runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
-        runner.previous, runner.cache = self.previous, self.cache  # built once per worker, shared by its shards
-        runner.load_previous()
-        self.previous = runner.previous
+        runner.reuse, runner.assembler = self.reuse, self.assembler
+        self.reuse.load_previous()
         done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
         self.runner = runner
         try:
