@@ -9,7 +9,7 @@ DEMO   := demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo demo-recommend test lint bench clean
+.PHONY: install demo demo-recommend test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) $(CIRCLES) src/bulkinfer
 
-test: $(STAMP) lint
+# the manual: a broken link or anchor fails the build (strict)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: $(STAMP) lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
@@ -48,4 +52,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_int8_static.py 2000 128
 
 clean:
-	rm -rf $(VENV) $(DEMO) bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(DEMO) site bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +38,9 @@ import pyarrow.parquet as pq
 from ..core.errors import SourceError
 from ..core.records import decode_records
 from ..core.storage import read_whole
-from ..report.columns import MAX_CLASSES, column_kind, distribution, merge_distribution, sketch_of, summary
-from ..report.drift import psi_from_sketches
+from ..report.columns import column_kind, summary
 from ..runners.reuse import id_keys, splitmix64
+from .compare_columns import Labels, Numbers, TopK, Vectors, ks_from_sketches, matrix, unit
 from .read import Part, finished_output, normalise, part_batches, part_schema
 
 __all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
@@ -98,167 +97,6 @@ def _partition(
 
 def _read_bucket(path: Path, schema: pa.Schema) -> pa.Table:
     return pq.read_table(path) if path.exists() else schema.empty_table()
-
-
-# -- per-kind accumulators ------------------------------------------------------------------
-def _matrix(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Rows as a float64 matrix and which rows are valid (present, one dimension, finite)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    n = len(arr)
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
-    if not valid.any():
-        return np.zeros((n, 0)), valid
-    sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-    dim = int(sizes[valid][0])
-    valid &= np.nan_to_num(sizes, nan=-1).astype(np.int64) == dim
-    mat = np.zeros((n, dim))
-    if valid.any():
-        mat[valid] = pc.list_flatten(arr.filter(pa.array(valid))).to_numpy(zero_copy_only=False).reshape(-1, dim)
-    valid &= np.isfinite(mat).all(axis=1)
-    return mat, valid
-
-
-def _unit(m: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(m, axis=1, keepdims=True)
-    return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
-
-
-class _Vectors:
-    def __init__(self) -> None:
-        self.cos: dict[str, Any] | None = None
-        self.dims: tuple[int, int] | None = None
-        self.invalid = 0
-        self.queries: list[tuple[int, np.ndarray, np.ndarray]] = []  # (hash, old unit, new unit)
-
-    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray, h: np.ndarray, n_queries: int) -> None:
-        mo, vo = _matrix(old)
-        mn, vn = _matrix(new)
-        both = vo & vn
-        self.invalid += int((~both).sum())
-        if not both.any():
-            return
-        self.dims = self.dims or (mo.shape[1], mn.shape[1])
-        uo, un = _unit(mo[both]), _unit(mn[both])
-        if uo.shape[1] == un.shape[1]:
-            cos = distribution(np.einsum("ij,ij->i", uo, un))
-            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
-        hb = h[both]
-        for i in np.argsort(hb)[:n_queries]:
-            self.queries.append((int(hb[i]), uo[i], un[i]))
-        self.queries = sorted(self.queries, key=lambda q: q[0])[:n_queries]
-
-
-class _TopK:
-    """Running top-K neighbours of the queries in one space (ids are the rows' hashes)."""
-
-    def __init__(self, q: np.ndarray, q_ids: np.ndarray, k: int) -> None:
-        self.q, self.q_ids, self.k = q, q_ids, k
-        self.scores = np.full((len(q), 0), -np.inf)
-        self.ids = np.zeros((len(q), 0), np.uint64)
-
-    def add(self, m: np.ndarray, ids: np.ndarray) -> None:
-        if not len(ids):
-            return
-        sims = self.q @ m.T
-        sims[self.q_ids[:, None] == ids[None, :]] = -np.inf  # a row is not its own neighbour
-        scores = np.concatenate([self.scores, sims], axis=1)
-        all_ids = np.concatenate([self.ids, np.broadcast_to(ids, (len(self.q), len(ids)))], axis=1)
-        keep = min(self.k, scores.shape[1])
-        top = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
-        self.scores = np.take_along_axis(scores, top, axis=1)
-        self.ids = np.take_along_axis(all_ids, top, axis=1)
-
-    def neighbour_sets(self) -> list[set[int]]:
-        return [
-            {int(i) for i, s in zip(ids, sc, strict=True) if s > -np.inf}
-            for ids, sc in zip(self.ids, self.scores, strict=True)
-        ]
-
-
-class _Labels:
-    def __init__(self) -> None:
-        self.agree = 0
-        self.n = 0
-        self.confusion: Counter[tuple[str, str]] | None = Counter()
-
-    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
-        a = ["null" if v is None else _text(v) for v in old.to_pylist()]
-        b = ["null" if v is None else _text(v) for v in new.to_pylist()]
-        self.n += len(a)
-        self.agree += sum(x == y for x, y in zip(a, b, strict=True))
-        if self.confusion is not None:
-            self.confusion.update(zip(a, b, strict=True))
-            if len({k for pair in self.confusion for k in pair}) > MAX_CLASSES:
-                self.confusion = None
-
-    def figures(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "label", "agreement": self.agree / self.n if self.n else None}
-        if self.confusion is None:
-            out["confusion_note"] = f"over {MAX_CLASSES} classes: no confusion matrix"
-            return out
-        classes = sorted({k for pair in self.confusion for k in pair})
-        out["classes"] = classes
-        out["confusion"] = {o: {n: self.confusion.get((o, n), 0) for n in classes} for o in classes}
-        out["flips"] = {
-            c: {
-                "left": sum(v for (o, n), v in self.confusion.items() if o == c and n != c),
-                "joined": sum(v for (o, n), v in self.confusion.items() if n == c and o != c),
-            }
-            for c in classes
-        }
-        return out
-
-
-def _text(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-class _Numbers:
-    def __init__(self) -> None:
-        self.old: dict[str, Any] | None = None
-        self.new: dict[str, Any] | None = None
-        self.abs_diff = 0.0
-        self.paired = 0
-
-    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
-        a = old.to_numpy(zero_copy_only=False).astype(np.float64)
-        b = new.to_numpy(zero_copy_only=False).astype(np.float64)
-        da, db = distribution(a[np.isfinite(a)]), distribution(b[np.isfinite(b)])
-        self.old = da if self.old is None else merge_distribution(self.old, da)
-        self.new = db if self.new is None else merge_distribution(self.new, db)
-        both = np.isfinite(a) & np.isfinite(b)
-        self.abs_diff += float(np.abs(a[both] - b[both]).sum())
-        self.paired += int(both.sum())
-
-    def figures(self) -> dict[str, Any]:
-        if self.old is None or self.new is None:
-            return {"kind": "number", "mean_shift": None, "mean_abs_diff": None, "ks": None, "psi": None}
-        so, sn = summary(self.old), summary(self.new)
-        shift = None if so["mean"] is None or sn["mean"] is None else sn["mean"] - so["mean"]
-        ko, kn = sketch_of(self.old), sketch_of(self.new)
-        return {
-            "kind": "number",
-            "mean_old": so["mean"],
-            "mean_new": sn["mean"],
-            "mean_shift": shift,
-            "mean_abs_diff": self.abs_diff / self.paired if self.paired else None,
-            "ks": ks_from_sketches(ko, kn),
-            "psi": psi_from_sketches(ko, kn),
-            "quantiles_old": so["quantiles"],
-            "quantiles_new": sn["quantiles"],
-        }
-
-
-def ks_from_sketches(a: Any, b: Any) -> float | None:
-    """The two-sample Kolmogorov-Smirnov statistic, max |F_a(x) - F_b(x)|, evaluated at the
-    sketches' quantiles on a grid of 1/1000 (exact while the sketches hold every value)."""
-    if a is None or b is None or a.is_empty() or b.is_empty():
-        return None
-    grid = [i / 1000 for i in range(1, 1001)]
-    points = sorted({float(s.get_quantile(q, inclusive=True)) for s in (a, b) for q in grid})
-    fa = np.asarray(a.get_cdf(points, inclusive=True)[:-1])
-    fb = np.asarray(b.get_cdf(points, inclusive=True)[:-1])
-    return float(np.abs(fa - fb).max())
 
 
 # -- the comparison -------------------------------------------------------------------------
@@ -323,9 +161,7 @@ def compare_outputs(
         kept_b, paths_b = _partition(parts_b, cols, Path(tmp) / "b", buckets, threshold)
         empty_a = pa.schema([*(sa.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sa else None
         empty_b = pa.schema([*(sb.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sb else None
-        acc: dict[str, Any] = {
-            n: {"vector": _Vectors, "label": _Labels, "number": _Numbers}[kinds[n]]() for n in compared
-        }
+        acc: dict[str, Any] = {n: {"vector": Vectors, "label": Labels, "number": Numbers}[kinds[n]]() for n in compared}
         joined = only_a = only_b = 0
         for i, (ta, tb, n_only_a, n_only_b) in enumerate(_joined(paths_a, paths_b, empty_a, empty_b, id_col, a, b)):
             only_a, only_b, joined = only_a + n_only_a, only_b + n_only_b, joined + ta.num_rows
@@ -348,7 +184,7 @@ def compare_outputs(
     columns: dict[str, Any] = {}
     for n in compared:
         if kinds[n] == "vector":
-            v: _Vectors = acc[n]
+            v: Vectors = acc[n]
             fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
             if v.cos is not None:
                 s = summary(v.cos)
@@ -412,7 +248,7 @@ def _joined(
 
 
 def _overlap(
-    v: _Vectors,
+    v: Vectors,
     paths_a: list[Path],
     paths_b: list[Path],
     sa: Any,
@@ -429,15 +265,15 @@ def _overlap(
     if not v.queries:
         return {"topk_overlap": None, "k": k, "queries": 0}
     q_ids = np.asarray([q[0] for q in v.queries], np.uint64)
-    old_k = _TopK(np.stack([q[1] for q in v.queries]), q_ids, k)
-    new_k = _TopK(np.stack([q[2] for q in v.queries]), q_ids, k)
+    old_k = TopK(np.stack([q[1] for q in v.queries]), q_ids, k)
+    new_k = TopK(np.stack([q[2] for q in v.queries]), q_ids, k)
     for i, (ta, tb, _, _) in enumerate(_joined(paths_a, paths_b, sa, sb, id_col, a, b)):
-        mo, vo = _matrix(ta.column(column))
-        mn, vn = _matrix(tb.column(column))
+        mo, vo = matrix(ta.column(column))
+        mn, vn = matrix(tb.column(column))
         both = vo & vn
         h = ta.column(_H).to_numpy()[both]
-        old_k.add(_unit(mo[both]), h)
-        new_k.add(_unit(mn[both]), h)
+        old_k.add(unit(mo[both]), h)
+        new_k.add(unit(mn[both]), h)
         if on_bucket:
             on_bucket(buckets + i + 1, 2 * buckets)
     per_query = [

@@ -11,7 +11,6 @@ numbers.
 from __future__ import annotations
 
 import html
-import io
 import itertools
 import json
 import time
@@ -24,10 +23,10 @@ from ..core.errors import OutputError
 from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..outputs.read import normalise, private_json
+from .charts import GREEN, ORANGE, RED, Charts, num
 
 __all__ = ["load_run", "render_report"]
 
-_BLUE, _ORANGE, _GREY, _RED, _GREEN = "#2f6db5", "#e07b39", "#8a8f98", "#c0392b", "#2e8b57"
 _MAX_ERROR_FILES = 50
 _EXAMPLES = 3
 
@@ -66,126 +65,12 @@ def load_run(out: str) -> dict[str, Any]:
     }
 
 
-# -- charts ---------------------------------------------------------------------------------
-class _Charts:
-    """matplotlib figures as inline SVG (each with its own id salt, so ids never collide)."""
-
-    def __init__(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
-
-        self.plt = plt
-        self.n = 0
-
-    def figure(self, height: float = 2.6) -> tuple[Any, Any]:
-        fig, ax = self.plt.subplots(figsize=(7.6, height), dpi=96)
-        ax.spines[["top", "right"]].set_visible(False)
-        ax.tick_params(labelsize=9)
-        return fig, ax
-
-    def svg(self, fig: Any, label: str) -> str:
-        import matplotlib
-
-        self.n += 1
-        buf = io.StringIO()
-        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"bulkinfer-{self.n}"}):
-            fig.tight_layout()
-            fig.savefig(buf, format="svg")
-        self.plt.close(fig)
-        text = buf.getvalue()
-        text = text[text.index("<svg") :]
-        return text.replace("<svg ", f'<svg role="img" aria-label="{html.escape(label)}" class="chart" ', 1)
-
-    def bars(
-        self,
-        labels: Sequence[str],
-        values: Sequence[float],
-        title: str,
-        unit: str = "",
-        horizontal: bool = True,
-        color: str = _BLUE,
-        limit: float | None = None,
-    ) -> str:
-        fig, ax = self.figure(max(1.6, 0.32 * len(labels) + 0.9) if horizontal else 2.6)
-        if horizontal:
-            pos = list(range(len(labels)))[::-1]
-            ax.barh(pos, values, color=color)
-            ax.set_yticks(pos, labels)
-            top = max([*values, limit or 0, 1e-12])
-            for p, v in zip(pos, values, strict=True):
-                ax.text(v + top * 0.01, p, (f"{v:.1f}" if unit == "%" else _num(v)) + unit, va="center", fontsize=9)
-            ax.set_xlim(0, top * 1.18)
-            if limit is not None:
-                ax.axvline(limit, color=_RED, linestyle="--", linewidth=1)
-        else:
-            ax.bar(labels, values, color=color)
-            for i, v in enumerate(values):
-                ax.text(i, v, _num(v), ha="center", va="bottom", fontsize=8)
-            ax.tick_params(axis="x", labelrotation=30 if len(labels) > 6 else 0)
-        ax.set_title(title, fontsize=11, loc="left")
-        return self.svg(fig, title)
-
-    def line(self, xs: Sequence[float], ys: Sequence[float], title: str, xlabel: str, ylabel: str) -> str:
-        fig, ax = self.figure()
-        ax.plot(xs, ys, color=_BLUE, linewidth=1.8, marker="o" if len(xs) < 40 else None, markersize=3)
-        ax.fill_between(xs, ys, color=_BLUE, alpha=0.12)
-        ax.set_xlabel(xlabel, fontsize=9)
-        ax.set_ylabel(ylabel, fontsize=9)
-        ax.set_ylim(bottom=0)
-        ax.set_title(title, fontsize=11, loc="left")
-        return self.svg(fig, title)
-
-    def quantiles(self, series: Mapping[str, Mapping[str, float] | None], title: str) -> str:
-        """Quantile profiles (p1 ... p99) of one distribution, or two: OLD grey, NEW blue (the
-        title says which is which)."""
-        fig, ax = self.figure()
-        colors = [_GREY, _BLUE]
-        for qs, color in zip(series.values(), colors[-len(series) :], strict=True):
-            if qs:
-                keys = list(qs)
-                ax.plot(keys, [qs[k] for k in keys], marker="o", color=color, linewidth=1.8, markersize=4)
-        ax.set_ylabel("value", fontsize=9)
-        ax.set_title(title, fontsize=11, loc="left")
-        return self.svg(fig, title)
-
-    def heatmap(self, rows: Sequence[str], cols: Sequence[str], values: Sequence[Sequence[int]], title: str) -> str:
-        fig, ax = self.figure(max(2.2, 0.45 * len(rows) + 1.2))
-        ax.imshow(values, cmap="Blues", aspect="auto")
-        ax.set_xticks(range(len(cols)), cols)
-        ax.set_yticks(range(len(rows)), rows)
-        ax.set_xlabel("NEW label", fontsize=9)
-        ax.set_ylabel("OLD label", fontsize=9)
-        top = max((v for row in values for v in row), default=1) or 1
-        for i, row in enumerate(values):
-            for j, v in enumerate(row):
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=9, color="white" if v > top / 2 else "black")
-        ax.spines[["left", "bottom"]].set_visible(False)
-        ax.set_title(title, fontsize=11, loc="left")
-        return self.svg(fig, title)
-
-
-def _num(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 0.001 or abs(v) >= 1e6):
-            return f"{v:.3g}"
-        return f"{v:,.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.1f}"
-    return html.escape(str(v))
-
-
 def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None) -> str:
     out = ["<table>"]
     if head:
         out.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")
     for row in rows:
-        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else _num(c)}</td>" for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else num(c)}</td>" for c in row) + "</tr>")
     out.append("</table>")
     return "".join(out)
 
@@ -207,15 +92,15 @@ def _summary(run: Mapping[str, Any]) -> str:
     r, job = run["report"], run["job"]
     model = job.get("model", {})
     status = r["status"]
-    badge = {"complete": _GREEN, "interrupted": _ORANGE}.get(status, _RED)
+    badge = {"complete": GREEN, "interrupted": ORANGE}.get(status, RED)
     drift = r.get("drift")
     facts = [
         ("status", _Raw(f'<span class="badge" style="background:{badge}">{html.escape(status)}</span>')),
         ("rows written", r["rows_out"]),
         ("rows failed", r["rows_failed"]),
         ("rows already committed before this run", r["rows_already_done"]),
-        ("throughput", _Raw(f"{_num(r['rows_per_s'])} rows/s")),
-        ("wall time", _Raw(f"{_num(r['wall_s'])} s (set-up {_num(r['setup_s'])} s)")),
+        ("throughput", _Raw(f"{num(r['rows_per_s'])} rows/s")),
+        ("wall time", _Raw(f"{num(r['wall_s'])} s (set-up {num(r['setup_s'])} s)")),
         ("model", f"{model.get('kind', r.get('model_kind'))} {model.get('location', '')}"),
         ("engine / precision", f"{r.get('engine')} / {r.get('precision')}"),
         ("job fingerprint", r.get("job_fingerprint")),
@@ -225,15 +110,15 @@ def _summary(run: Mapping[str, Any]) -> str:
             (
                 "drift against baseline",
                 _Raw(
-                    f'<span class="badge" style="background:{_RED if drift["status"] == "drift" else _GREEN}">'
-                    f"{html.escape(drift['status'])}</span> worst PSI {_num(drift.get('worst_psi'))}"
+                    f'<span class="badge" style="background:{RED if drift["status"] == "drift" else GREEN}">'
+                    f"{html.escape(drift['status'])}</span> worst PSI {num(drift.get('worst_psi'))}"
                 ),
             )
         )
     return _table(facts)
 
 
-def _run_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
+def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     r = run["report"]
     out = [_section("Summary", _summary(run), "summary")]
 
@@ -248,7 +133,7 @@ def _run_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
         out.append(
             _section(
                 "Throughput",
-                _chart(svg, f"Rows written per second between commits; mean {_num(r['rows_per_s'])} rows/s."),
+                _chart(svg, f"Rows written per second between commits; mean {num(r['rows_per_s'])} rows/s."),
                 "throughput",
             )
         )
@@ -301,7 +186,7 @@ def _run_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
     return out
 
 
-def _stats_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
+def _stats_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     stats = run["stats"]
     if not stats:
         return [
@@ -351,8 +236,8 @@ def _stats_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
         svg = charts.bars(
             cols,
             [drift["columns"][n]["psi"] for n in cols],
-            f"PSI against the baseline (dashed: max_psi {_num(drift['max_psi'])})",
-            color=_ORANGE,
+            f"PSI against the baseline (dashed: max_psi {num(drift['max_psi'])})",
+            color=ORANGE,
             limit=drift["max_psi"],
         )
         rows = [
@@ -371,7 +256,7 @@ def _stats_sections(run: Mapping[str, Any], charts: _Charts) -> list[str]:
     return out
 
 
-def _compare_sections(cmp: Mapping[str, Any], charts: _Charts) -> list[str]:
+def _compare_sections(cmp: Mapping[str, Any], charts: Charts) -> list[str]:
     head = [
         ("OLD", cmp["old"]),
         ("NEW", cmp["new"]),
@@ -402,7 +287,7 @@ def _compare_sections(cmp: Mapping[str, Any], charts: _Charts) -> list[str]:
             values = [[col["confusion"][o][n] for n in classes] for o in classes]
             chart = _chart(
                 charts.heatmap(classes, classes, values, f"{name}: OLD label vs NEW label"),
-                f"Agreement {_num(col['agreement'])}; off-diagonal cells are flips.",
+                f"Agreement {num(col['agreement'])}; off-diagonal cells are flips.",
             )
             blocks.append(f'<h3>{html.escape(name)} <small>label</small></h3><div class="row">{chart}</div>')
         elif col["kind"] == "number":
@@ -437,7 +322,7 @@ figure{margin:8px 0} figcaption{font-size:12px;color:#5b6270} svg.chart{max-widt
 
 def render_report(run: Mapping[str, Any], comparison: Mapping[str, Any] | None = None) -> str:
     """The HTML page (one string: styles inline, charts as inline SVG, nothing fetched)."""
-    charts = _Charts()
+    charts = Charts()
     sections = _run_sections(run, charts)
     if comparison is not None:
         sections.extend(_compare_sections(comparison, charts))

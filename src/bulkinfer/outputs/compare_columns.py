@@ -1,0 +1,178 @@
+"""The per-kind accumulators of ``bulkinfer compare``: each takes the joined rows of one
+column, batch by batch, and keeps what its figures need (vectors: cosine; top-K lists:
+overlap; labels: agreement and the confusion; numbers: differences and the two
+distributions' sketches), never the column whole."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..report.columns import MAX_CLASSES, distribution, merge_distribution, sketch_of, summary
+from ..report.drift import psi_from_sketches
+
+__all__ = ["Labels", "Numbers", "TopK", "Vectors", "ks_from_sketches", "matrix", "unit"]
+
+
+def matrix(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as a float64 matrix and which rows are valid (present, one dimension, finite)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(arr)
+    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
+    if not valid.any():
+        return np.zeros((n, 0)), valid
+    sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    dim = int(sizes[valid][0])
+    valid &= np.nan_to_num(sizes, nan=-1).astype(np.int64) == dim
+    mat = np.zeros((n, dim))
+    if valid.any():
+        mat[valid] = pc.list_flatten(arr.filter(pa.array(valid))).to_numpy(zero_copy_only=False).reshape(-1, dim)
+    valid &= np.isfinite(mat).all(axis=1)
+    return mat, valid
+
+
+def unit(m: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
+
+
+class Vectors:
+    def __init__(self) -> None:
+        self.cos: dict[str, Any] | None = None
+        self.dims: tuple[int, int] | None = None
+        self.invalid = 0
+        self.queries: list[tuple[int, np.ndarray, np.ndarray]] = []  # (hash, old unit, new unit)
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray, h: np.ndarray, n_queries: int) -> None:
+        mo, vo = matrix(old)
+        mn, vn = matrix(new)
+        both = vo & vn
+        self.invalid += int((~both).sum())
+        if not both.any():
+            return
+        self.dims = self.dims or (mo.shape[1], mn.shape[1])
+        uo, un = unit(mo[both]), unit(mn[both])
+        if uo.shape[1] == un.shape[1]:
+            cos = distribution(np.einsum("ij,ij->i", uo, un))
+            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
+        hb = h[both]
+        for i in np.argsort(hb)[:n_queries]:
+            self.queries.append((int(hb[i]), uo[i], un[i]))
+        self.queries = sorted(self.queries, key=lambda q: q[0])[:n_queries]
+
+
+class TopK:
+    """Running top-K neighbours of the queries in one space (ids are the rows' hashes)."""
+
+    def __init__(self, q: np.ndarray, q_ids: np.ndarray, k: int) -> None:
+        self.q, self.q_ids, self.k = q, q_ids, k
+        self.scores = np.full((len(q), 0), -np.inf)
+        self.ids = np.zeros((len(q), 0), np.uint64)
+
+    def add(self, m: np.ndarray, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        sims = self.q @ m.T
+        sims[self.q_ids[:, None] == ids[None, :]] = -np.inf  # a row is not its own neighbour
+        scores = np.concatenate([self.scores, sims], axis=1)
+        all_ids = np.concatenate([self.ids, np.broadcast_to(ids, (len(self.q), len(ids)))], axis=1)
+        keep = min(self.k, scores.shape[1])
+        top = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
+        self.scores = np.take_along_axis(scores, top, axis=1)
+        self.ids = np.take_along_axis(all_ids, top, axis=1)
+
+    def neighbour_sets(self) -> list[set[int]]:
+        return [
+            {int(i) for i, s in zip(ids, sc, strict=True) if s > -np.inf}
+            for ids, sc in zip(self.ids, self.scores, strict=True)
+        ]
+
+
+class Labels:
+    def __init__(self) -> None:
+        self.agree = 0
+        self.n = 0
+        self.confusion: Counter[tuple[str, str]] | None = Counter()
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
+        a = ["null" if v is None else _text(v) for v in old.to_pylist()]
+        b = ["null" if v is None else _text(v) for v in new.to_pylist()]
+        self.n += len(a)
+        self.agree += sum(x == y for x, y in zip(a, b, strict=True))
+        if self.confusion is not None:
+            self.confusion.update(zip(a, b, strict=True))
+            if len({k for pair in self.confusion for k in pair}) > MAX_CLASSES:
+                self.confusion = None
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "label", "agreement": self.agree / self.n if self.n else None}
+        if self.confusion is None:
+            out["confusion_note"] = f"over {MAX_CLASSES} classes: no confusion matrix"
+            return out
+        classes = sorted({k for pair in self.confusion for k in pair})
+        out["classes"] = classes
+        out["confusion"] = {o: {n: self.confusion.get((o, n), 0) for n in classes} for o in classes}
+        out["flips"] = {
+            c: {
+                "left": sum(v for (o, n), v in self.confusion.items() if o == c and n != c),
+                "joined": sum(v for (o, n), v in self.confusion.items() if n == c and o != c),
+            }
+            for c in classes
+        }
+        return out
+
+
+def _text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class Numbers:
+    def __init__(self) -> None:
+        self.old: dict[str, Any] | None = None
+        self.new: dict[str, Any] | None = None
+        self.abs_diff = 0.0
+        self.paired = 0
+
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
+        a = old.to_numpy(zero_copy_only=False).astype(np.float64)
+        b = new.to_numpy(zero_copy_only=False).astype(np.float64)
+        da, db = distribution(a[np.isfinite(a)]), distribution(b[np.isfinite(b)])
+        self.old = da if self.old is None else merge_distribution(self.old, da)
+        self.new = db if self.new is None else merge_distribution(self.new, db)
+        both = np.isfinite(a) & np.isfinite(b)
+        self.abs_diff += float(np.abs(a[both] - b[both]).sum())
+        self.paired += int(both.sum())
+
+    def figures(self) -> dict[str, Any]:
+        if self.old is None or self.new is None:
+            return {"kind": "number", "mean_shift": None, "mean_abs_diff": None, "ks": None, "psi": None}
+        so, sn = summary(self.old), summary(self.new)
+        shift = None if so["mean"] is None or sn["mean"] is None else sn["mean"] - so["mean"]
+        ko, kn = sketch_of(self.old), sketch_of(self.new)
+        return {
+            "kind": "number",
+            "mean_old": so["mean"],
+            "mean_new": sn["mean"],
+            "mean_shift": shift,
+            "mean_abs_diff": self.abs_diff / self.paired if self.paired else None,
+            "ks": ks_from_sketches(ko, kn),
+            "psi": psi_from_sketches(ko, kn),
+            "quantiles_old": so["quantiles"],
+            "quantiles_new": sn["quantiles"],
+        }
+
+
+def ks_from_sketches(a: Any, b: Any) -> float | None:
+    """The two-sample Kolmogorov-Smirnov statistic, max |F_a(x) - F_b(x)|, evaluated at the
+    sketches' quantiles on a grid of 1/1000 (exact while the sketches hold every value)."""
+    if a is None or b is None or a.is_empty() or b.is_empty():
+        return None
+    grid = [i / 1000 for i in range(1, 1001)]
+    points = sorted({float(s.get_quantile(q, inclusive=True)) for s in (a, b) for q in grid})
+    fa = np.asarray(a.get_cdf(points, inclusive=True)[:-1])
+    fb = np.asarray(b.get_cdf(points, inclusive=True)[:-1])
+    return float(np.abs(fa - fb).max())
