@@ -253,7 +253,7 @@ def test_the_readme_export_example_runs(job, redis_server, postgres_server):
     import tomllib
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "outputs.md").read_text()
     block = re.search(r"<!-- export-example -->\n```toml\n(.*?)```", readme, re.S).group(1)
     exports = tomllib.loads(block)["export"]
     assert [e["kind"] for e in exports] == ["redis", "postgres"]

@@ -1,4 +1,4 @@
-"""Routing (the moderation case, with the README's example routes): rows whose score crosses a threshold go to a human-review
+"""Routing (the moderation case, with the docs' example routes): rows whose score crosses a threshold go to a human-review
 queue (a Redis stream) and a PostgreSQL table, borderline ones to a folder, the rest to the
 output; each row in exactly one place, however often the job is killed."""
 
@@ -30,7 +30,7 @@ def moderate(table):
     return {"proba_unsafe": x / 250.0, "label": np.where(x % 2 == 0, "even", "odd")}
 """
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OUTPUTS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "outputs.md"
 N = 250
 REVIEW = {i for i in range(N) if i / 250.0 >= 0.8}  # 200..249
 BORDERLINE = {i for i in range(N) if 0.5 <= i / 250.0 < 0.8 and i % 2 == 0}  # even ids in 125..199
@@ -58,7 +58,7 @@ feature_columns = ["x"]
 path = "out"
 
 """
-    routes = re.search(r"<!-- route-example -->\n```toml\n(.*?)```", README.read_text(), re.S).group(1)
+    routes = re.search(r"<!-- route-example -->\n```toml\n(.*?)```", OUTPUTS_PAGE.read_text(), re.S).group(1)
     routes = (
         routes.replace("redis://127.0.0.1:6379/0", redis_server.url)  # the servers of this test
         .replace("postgresql://postgres@127.0.0.1:5432/postgres", postgres_server.dsn)

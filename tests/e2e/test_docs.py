@@ -1,10 +1,13 @@
-"""The README's marked examples run as written (on small data made here)."""
+"""The documentation's marked examples run as written (on small data made here): the README
+(the front page) first, then the docs site's pages in the order of mkdocs.yml's nav."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,17 +17,31 @@ from bulkinfer.config import field_docs, load_config
 
 from helpers import cli, make_catalog, read_output, write
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"<!-- readme-test: (\w+) ?([\w.]*) -->\n```\w+\n(.*?)```", re.S)
 
 
+def pages() -> list[Path]:
+    """README.md, then every page mkdocs.yml's nav names, in that order."""
+    nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    return [README, *(DOCS / name for name in nav)]
+
+
 def _blocks() -> list[tuple[str, str, str]]:
-    return BLOCK.findall(README.read_text())
+    return [b for page in pages() for b in BLOCK.findall(page.read_text())]
 
 
 def _commands(body: str) -> list[list[str]]:
     joined = body.replace("\\\n", " ")
     return [shlex.split(line) for line in joined.splitlines() if line.strip().startswith("bulkinfer ")]
+
+
+def test_every_page_is_in_the_nav_and_every_nav_page_exists():
+    listed = {p.name for p in pages()[1:]}
+    assert listed == {p.name for p in DOCS.glob("*.md")}
+    assert all(p.exists() for p in pages())
 
 
 def test_marked_examples_run(tmp_path):
@@ -48,7 +65,7 @@ def test_marked_examples_run(tmp_path):
                 cli(*argv[1:], cwd=tmp_path, check=True)
         else:
             pytest.fail(f"unknown readme-test kind {kind}")
-    assert kinds == ["run", "file", "run", "toml", "run", "run"]
+    assert kinds == ["run", "toml", "run", "toml", "file", "run", "run", "run"]
     out = read_output(tmp_path / "out")
     assert out.column_names == ["id", "category", "embedding"] and out.num_rows == 40
     assert (tmp_path / "report.html").read_text().count('<svg role="img"') >= 5
@@ -60,8 +77,8 @@ def test_marked_examples_run(tmp_path):
     assert [r["positive"] for r in sentiment] == [True, False, True, False, True]
 
 
-def test_readme_lists_every_config_field():
-    text = README.read_text()
+def test_the_jobs_page_names_every_config_field():
+    text = (DOCS / "jobs.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", text, re.M)}
     missing = [
         name for name, _d, _doc in field_docs() if f"`{name.split('.')[1]}`" not in rows.get(name.split(".")[0], "")
@@ -69,22 +86,34 @@ def test_readme_lists_every_config_field():
     assert missing == []
 
 
+def test_the_configuration_reference_is_generated_from_the_config():
+    """docs/reference.md is what tools/gen_reference.py makes of the config's docstrings now."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_reference.py"), "--check"], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    text = (DOCS / "reference.md").read_text()
+    assert all(f"| `{name.split('.', 1)[1]}` | `{default}` |" in text for name, default, _ in field_docs())
+
+
 def test_demo_flow_on_a_small_catalog(tmp_path):
     """What `make demo` runs, on 300 rows instead of 20,000."""
     import shutil
-    import subprocess
-    import sys
 
-    root = README.parent
     subprocess.run(
-        [sys.executable, str(root / "examples" / "make_catalog.py"), "demo/catalog.parquet", "300"],
+        [sys.executable, str(ROOT / "examples" / "make_catalog.py"), "demo/catalog.parquet", "300"],
         cwd=tmp_path,
         check=True,
         capture_output=True,
     )
-    shutil.copy(root / "examples" / "catalog.toml", tmp_path / "catalog.toml")
+    shutil.copy(ROOT / "examples" / "catalog.toml", tmp_path / "catalog.toml")
     proc = cli("run", "catalog.toml", "--progress", "none", cwd=tmp_path, check=True)
     assert "done: 300 rows written" in proc.stdout
     out = read_output(tmp_path / "demo" / "embeddings")
     assert out.column_names == ["id", "category", "embedding"] and out["id"].to_pylist() == list(range(300))
     assert "complete" in cli("inspect", "demo/embeddings", cwd=tmp_path, check=True).stdout
+
+
+def test_the_readmes_links_resolve():
+    """The front page links into docs/ (mkdocs checks the pages' own links; the README is not a page)."""
+    links = re.findall(r"\]\(([^)#:]+)(?:#[\w-]+)?\)", README.read_text())
+    assert len(links) >= 10
+    assert [link for link in links if not (ROOT / link).exists()] == []
