@@ -9,7 +9,7 @@ DEMO   := demo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo demo-recommend test lint docs bench clean
+.PHONY: install system demo demo-recommend test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,7 +38,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: $(STAMP) lint docs
+# what the suite needs from the system (chromium, a C compiler), installed when missing
+system:
+	bash tools/system_deps.sh
+
+test: $(STAMP) system lint docs
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)

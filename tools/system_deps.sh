@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# What the test suite needs from the system, installed when missing (Debian's apt):
+# chromium (the HTML report's browser test, driven by Playwright with executable_path: no
+# browser download) and a C compiler (the CPU-kind tests build bench/cpu/hide_avx512.c).
+set -euo pipefail
+need=()
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+[ ${#need[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null; then
+    echo "tools/system_deps.sh: install ${need[*]} with your package manager (the test suite needs them)" >&2
+    exit 1
+fi
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+echo "installing ${need[*]} (apt-get)"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
