@@ -66,6 +66,9 @@ def test_no_input_value_reaches_disk_or_logs_with_redact(tmp_path):
     errors = "".join(p.read_text() for p in (tmp_path / "hidden" / "_errors").glob("*.jsonl"))
     assert errors.count("withheld: execution.redact") == 4  # the four bad rows, each still recorded
     assert '"id": 107' in errors and '"row": 8' in errors  # the id and the row number stay
+    # the HTML report: the plain run's page quotes the value (so the search below would find a leak)
+    assert cli("report", "plain", "-o", "plain.html", cwd=tmp_path).returncode == 0
+    assert CANARY in (tmp_path / "plain.html").read_text()
     report = cli("report", "hidden", "-o", "page.html", cwd=tmp_path)
     assert report.returncode == 0 and CANARY not in (tmp_path / "page.html").read_text()
 
