@@ -399,3 +399,33 @@ def test_search_embeds_the_text_like_the_index_and_swaps_in_a_rebuilt_index(tmp_
         assert _json.loads((tmp_path / "items.index.json").read_text())["report"]["vectors"] == 15
     finally:
         server.stop()
+
+
+def test_a_running_server_swaps_in_a_newer_finished_run_of_its_results_folder(tmp_path):
+    """serve.results over a folder, reload_s set: another run finishing in that folder is picked
+    up by the running server; every answer meanwhile is the old run's or the new run's."""
+    import pyarrow as pa
+
+    write(pa.table({"id": np.arange(30), "x": np.arange(30)}), tmp_path / "in.parquet")
+    write(pa.table({"id": np.arange(30), "x": 2 * np.arange(30)}), tmp_path / "in2.parquet")
+    (tmp_path / "snapmodel.py").write_text(SNAPSHOT_MODEL)
+    run = ["run", "-i", "in.parquet", "-m", "snapmodel:embed", "--feature-columns", "x", "--id-column", "id",
+           "-o", "out", "--progress", "none"]  # fmt: skip
+    cli(*run, cwd=tmp_path, check=True)
+    server = Server(["-m", "snapmodel:embed", "--feature-columns", "x", "--id-column", "id",
+                     "--set", "serve.results='out'", "--set", "serve.reload_s=0.2"], tmp_path)  # fmt: skip
+    try:
+        assert httpx.get(f"{server.url}/v1/results/7").json()["row"]["embedding"] == [7.0, -7.0]
+        cli(*run[:2], "in2.parquet", *run[3:], "--overwrite", cwd=tmp_path, check=True)
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{server.url}/v1/results/7")
+            assert r.status_code == 200, r.text
+            seen.append(r.json()["row"]["embedding"])
+            if seen[-1] == [14.0, -14.0]:
+                break
+            time.sleep(0.1)
+        assert seen[-1] == [14.0, -14.0] and all(e in ([7.0, -7.0], [14.0, -14.0]) for e in seen)
+    finally:
+        server.stop()
