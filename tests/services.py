@@ -196,7 +196,8 @@ class FaultProxy:
     busy or restarting object store does: ``fail_every = n`` answers every n-th request 503
     SlowDown without forwarding it; ``down()`` closes the listening socket and every open
     connection (a restart: connections reset, then refused), ``up()`` listens again on the
-    same port. ``served`` and ``refused`` count what it did."""
+    same port. ``served`` and ``refused`` count what it did; ``resets`` the connections that
+``down()`` found open and reset, ``served_before_down`` the requests served until then."""
 
     SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                 b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip
@@ -205,7 +206,7 @@ class FaultProxy:
         self.target_port = target_port
         self.port = free_port()
         self.fail_every = 0
-        self.served = self.refused = 0
+        self.served = self.refused = self.resets = self.served_before_down = 0
         self._lock = threading.Lock()
         self._server = None
         self.up()
@@ -273,6 +274,10 @@ class FaultProxy:
                 self.open.add(request)
                 super().process_request(request, client_address)
 
+            def close_request(self, request):  # type: ignore[no-untyped-def]
+                self.open.discard(request)
+                super().close_request(request)
+
         self._server = Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
@@ -281,6 +286,8 @@ class FaultProxy:
         if server is not None:
             server.shutdown()
             server.server_close()
+            self.served_before_down = self.served
+            self.resets += len(server.open)
             for sock in list(server.open):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

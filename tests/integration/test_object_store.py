@@ -232,6 +232,8 @@ def test_the_store_restarting_mid_run_costs_nothing(s3job, s3_server, proxy, mon
     watcher = when_committed(s3_server, bucket, 1, restart)
     result = run_job(config(**{"sink.storage_options": through(s3_server, proxy)}))
     watcher.join()
+    # the restart happened mid-run: open connections were reset, and the job came back through new ones
+    assert proxy.resets >= 1 and proxy.served > proxy.served_before_down > 0
     assert result.report["rows_out"] == 250
     assert sorted(visible(s3_server, bucket, "out").column("id").to_pylist()) == list(range(250))
 
