@@ -97,3 +97,33 @@ def test_remove_uncommitted_keeps_only_vouched_parts(tmp_path):
     removed = led.remove_uncommitted([c])
     assert sorted(removed) == [".part-00002.parquet.tmp-1", "part-00001.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_bulkinfer", "other.txt", "part-00000.parquet"]
+
+
+def test_runs_racing_for_a_folders_lock_left_by_a_dead_run_exactly_one_wins(tmp_path):
+    """The lock file names a run that died (its flock died with it); eight runs start at once:
+    one holds the lock and records whom it took over from, seven are refused."""
+    import threading
+
+    (tmp_path / "_bulkinfer").mkdir()
+    (tmp_path / "_bulkinfer" / "lock").write_text("pid 1 on elsewhere")
+    ledgers = [Ledger(tmp_path) for _ in range(8)]
+    barrier = threading.Barrier(8)
+    results: list[object] = [None] * 8
+
+    def take(i: int) -> None:
+        barrier.wait()
+        try:
+            ledgers[i].acquire()
+            results[i] = "held"
+        except LockedError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [i for i, r in enumerate(results) if r == "held"]
+    assert len(won) == 1 and sum(isinstance(r, LockedError) for r in results) == 7
+    assert ledgers[won[0]].took_over_from == "pid 1 on elsewhere"
+    ledgers[won[0]].release()
