@@ -193,11 +193,11 @@ class S3Server:
 
 class FaultProxy:
     """An HTTP proxy in front of a server (here moto's) that misbehaves on demand, the way a
-    busy or restarting object store does: ``fail_every = n`` answers every n-th request 503
-    SlowDown without forwarding it; ``down()`` closes the listening socket and every open
-    connection (a restart: connections reset, then refused), ``up()`` listens again on the
-    same port. ``served`` and ``refused`` count what it did; ``resets`` the connections that
-``down()`` found open and reset, ``served_before_down`` the requests served until then."""
+        busy or restarting object store does: ``fail_every = n`` answers every n-th request 503
+        SlowDown without forwarding it; ``down()`` closes the listening socket and every open
+        connection (a restart: connections reset, then refused), ``up()`` listens again on the
+        same port. ``served`` and ``refused`` count what it did; ``resets`` the connections that
+    ``down()`` found open and reset, ``served_before_down`` the requests served until then."""
 
     SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                 b"<Message>Please reduce your request rate.</Message></Error>")  # fmt: skip

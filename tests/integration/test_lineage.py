@@ -5,6 +5,7 @@ client's own event model (its generated classes and their validators)."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -139,7 +140,7 @@ FAILING = textwrap.dedent("""
 """)
 
 
-def test_fail_event_and_a_receiver_that_is_down(tmp_path, receiver, monkeypatch):
+def test_fail_event_and_a_receiver_that_is_down(tmp_path, receiver, monkeypatch, caplog):
     (tmp_path / "failmodels.py").write_text(FAILING)
     monkeypatch.syspath_prepend(str(tmp_path))
     write(tabular_table(200, seed=3), tmp_path / "in.parquet")
@@ -156,7 +157,11 @@ def test_fail_event_and_a_receiver_that_is_down(tmp_path, receiver, monkeypatch)
     # nobody listening: one warning line, the run itself is unharmed
     train_classifier(tmp_path / "m.joblib")
     down = cfg_for(tmp_path, receiver, "out2", **{"lineage.url": "http://127.0.0.1:9", "lineage.file": None})
-    assert run_job(down).report["rows_out"] == 200
+    with caplog.at_level(logging.WARNING, logger="bulkinfer"):
+        assert run_job(down).report["rows_out"] == 200
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lineage:")]
+    assert len(lines) == 1 and lines[0].startswith("lineage: could not send the START event to http://127.0.0.1:9")
+    assert lines[0].endswith("; no more events go there in this run")
 
 
 def test_sigterm_sends_abort(tmp_path, receiver):

@@ -129,12 +129,16 @@ class Lineage:
             return
         self._sent_end = state != "START"
         event = self.event(state, report, schema, message)
-        for where, client in self.clients:
+        for where, client in list(self.clients):
             try:
                 client.emit(event)
             except Exception as exc:  # an observer: a receiver that is down must not fail the run
                 why = " ".join(str(exc).split())[:200]
-                log.warning("lineage: could not send the %s event to %s (%s)", state, where, why)
+                log.warning(
+                    "lineage: could not send the %s event to %s (%s); no more events go there in this run",
+                    state, where, why,
+                )  # fmt: skip
+                self.clients.remove((where, client))  # one line for a receiver that is down, not one per event
 
     def event(
         self,
