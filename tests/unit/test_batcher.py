@@ -18,21 +18,35 @@ def _double(table: pa.Table) -> dict[str, pa.Array]:
 
 
 def test_merged_requests_get_their_own_rows_and_a_bad_one_fails_alone():
+    """The first request's call is held until the other eleven are queued, so they merge into
+    the next calls whatever the machine's speed (no wait window: max_wait_s = 0)."""
     calls: list[int] = []
+    first_call, release = threading.Event(), threading.Event()
+
+    def held(table: pa.Table) -> dict[str, pa.Array]:
+        if not first_call.is_set():
+            first_call.set()
+            release.wait(10)
+        return _double(table)
+
     batcher = Batcher(
-        FunctionAdapter(_double, ["x"]), max_rows=16, max_wait_s=0.05, max_queue_rows=1000,
+        FunctionAdapter(held, ["x"]), max_rows=16, max_wait_s=0, max_queue_rows=1000,
         on_batch=lambda rows, requests: calls.append(requests),
     )  # fmt: skip
     requests = [pa.table({"x": list(range(i, i + 1 + i % 3))}) for i in range(12)]
     requests[5] = pa.table({"x": [1, -1]})
-    futures = [batcher.submit(t) for t in requests]
+    futures = [batcher.submit(requests[0])]
+    assert first_call.wait(10)
+    futures += [batcher.submit(t) for t in requests[1:]]
+    release.set()
     for i, (table, future) in enumerate(zip(requests, futures, strict=True)):
         if i == 5:
             with pytest.raises(ValueError, match="negative x"):
                 future.result(timeout=10)
         else:
             assert future.result(timeout=10).columns["y"].to_pylist() == [2 * v for v in table["x"].to_pylist()]
-    assert max(calls) > 1  # requests were merged
+    # 1 request alone, then the 22 queued rows in calls of at most 16 rows: 8 requests (16 rows), then 3 (6)
+    assert calls == [1, 8, 3]
     batcher.close()
 
 

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +39,16 @@ def key_id(key: bytes) -> str:
 class _Bucket:
     rate: float
     tokens: float
-    stamp: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
+    stamp: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stamp = self.clock()
 
     def take(self, n: float) -> float:
         """Take ``n`` tokens; 0 when they were there, else the seconds until they will be. A
         request larger than a second's worth passes on a full bucket and leaves it in debt."""
-        now = time.monotonic()
+        now = self.clock()
         self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         need = min(n, self.rate)
@@ -99,10 +104,12 @@ def load_keys(path: str | None) -> list[ApiKey]:
 
 
 class KeyRing:
-    """The server's keys and their buckets (kept across a reload for the keys still there)."""
+    """The server's keys and their buckets (kept across a reload for the keys still there);
+    ``clock``: where the buckets read the time (tests drive it by hand)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self.clock = clock
         self.keys = load_keys(path)
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
@@ -147,7 +154,7 @@ class KeyRing:
 
     def _charge(self, key: ApiKey, what: str, rate: float, n: float) -> None:
         with self._lock:
-            bucket = self._buckets.setdefault((key.id, what), _Bucket(rate, rate))
+            bucket = self._buckets.setdefault((key.id, what), _Bucket(rate, rate, self.clock))
             if bucket.rate != rate:  # the limit changed in a reload
                 bucket.rate = rate
             wait = bucket.take(n)
