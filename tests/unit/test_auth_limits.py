@@ -57,7 +57,7 @@ def test_rows_are_charged_per_request_and_a_large_request_leaves_the_key_in_debt
 
 
 def test_buckets_survive_a_reload_for_the_keys_still_there(ring, tmp_path):
-    keys, clock = ring
+    keys, _clock = ring
     for _ in range(2):
         keys.authorize(_request("req-key-1"))
     (tmp_path / "keys.txt").write_text("req-key-1 id=search rps=2\n")
