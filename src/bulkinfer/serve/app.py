@@ -1,6 +1,7 @@
 """The HTTP server over a job's adapter: an ASGI app (Starlette) run by uvicorn. This
-module holds the routing, the lifespan and the model behind the routes; request checks
-are in :mod:`.validation`, API keys in :mod:`.auth`, the OpenAI route in :mod:`.openai`.
+module holds the routing and the lifespan; the model behind the routes is
+:class:`.server.Server`; request checks are in :mod:`.validation`, API keys in
+:mod:`.auth`, the OpenAI route in :mod:`.openai`.
 
 Routes: ``POST /v1/predict`` (rows in, the offline output's columns out),
 ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/completions`` (OpenAI-compatible),
@@ -13,153 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters import RowsRejected, job_setup_context
 from ..config import JobConfig
-from ..core.errors import BulkinferError
-from ..core.records import withheld
 from ..llm.openai_api import CHAT, COMPLETIONS
-from ..precision.settle import settle
 from . import openai
-from .audit import AuditLog
-from .auth import KeyRing
-from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .generation import generate
-from .metrics import ServeMetrics
-from .results import ResultIndex
 
 if TYPE_CHECKING:
-    from .redis_results import RedisResults
-from .validation import ApiError, JSONResponse, check_rows, error_response, live_inputs, read_body
+    pass
+from .server import Server
+from .validation import ApiError, JSONResponse, error_response, live_inputs, read_body
 
 __all__ = ["ApiError", "Server", "build_app"]
 
 log = logging.getLogger("bulkinfer")
-
-
-class Server:
-    """The model, its batcher and what the routes share."""
-
-    def __init__(self, cfg: JobConfig) -> None:
-        self.cfg = cfg
-        self.sv = cfg.serve
-        self.keys = KeyRing(self.sv.api_keys_file)
-        self.audit = AuditLog(self.sv.audit_log, self.sv.audit_max_bytes)
-        settled = settle(cfg, online=True)
-        cfg = self.cfg = settled.cfg
-        self.model, self.adapter = settled.model, settled.adapter
-        self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
-        self.metrics = ServeMetrics()
-        self.batcher: Batcher | None = None
-        self.setup_error: str | None = None
-        self.name = cfg.model.name
-        self.results = _results(self.sv.results, cfg) if self.sv.results else None
-        if self.results is not None:
-            log.info("precomputed results: %s", self.results.describe())
-
-    def start(self) -> None:
-        """Set the model up in the background; /readyz turns 200 when it is loaded."""
-        threading.Thread(target=self._setup, name="bulkinfer-setup", daemon=True).start()
-        if self.sv.reload_s > 0:
-            threading.Thread(target=self._watch, name="bulkinfer-reload", daemon=True).start()
-
-    def _watch(self) -> None:
-        """Swap in a newer index or finished run: built aside, then one assignment, so requests in
-        flight finish on the old one and none is dropped."""
-        while True:
-            time.sleep(self.sv.reload_s)
-            try:
-                reload = getattr(self.adapter, "reload", None)
-                if self.batcher is not None and reload is not None and reload():
-                    log.info("swapped in the new index %s", self.name)
-                newer = self.results.newer() if isinstance(self.results, ResultIndex) else None
-                if newer is not None:
-                    self.results = newer
-                    log.info("swapped in the newer results: %s", newer.describe())
-            except BulkinferError as exc:  # keep answering from what is loaded
-                log.error("could not swap in the new version: %s", exc)
-
-    def _setup(self) -> None:
-        rt = self.cfg.runtime
-        try:
-            self.adapter.setup(job_setup_context(self.cfg, online=True))
-            overhead = None
-            if self.model.kind == "text-embedding":
-                sample = pa.table({self.adapter.input_columns[0]: ["a short text of some words"] * 16})
-                overhead = measure_call_overhead(self.adapter, sample)
-                log.info("one model call costs as much as %.0f tokens (merged requests are cut by it)", overhead)
-            self.batcher = Batcher(
-                self.adapter,
-                max_rows=self.sv.max_batch_size,
-                batch_size=rt.rows_per_call,
-                call_overhead=overhead,
-                max_wait_s=self.sv.max_wait_ms / 1000.0,
-                max_queue_rows=self.sv.max_queue_rows,
-                on_batch=self.metrics.observe_batch,
-            )
-            log.info("model loaded: %s", self.name)
-        except BulkinferError as exc:
-            self.setup_error = str(exc)
-            log.error("model set-up failed: %s", exc)
-
-    def ready_batcher(self) -> Batcher:
-        if self.batcher is None:
-            why = f"model set-up failed: {self.setup_error}" if self.setup_error else "the model is still loading"
-            raise ApiError(503, why, "unavailable", {"Retry-After": "1"})
-        return self.batcher
-
-    def check_rows(self, rows: Any) -> pa.Table:
-        return check_rows(
-            rows, self.adapter.input_columns, self.model.kind, self.passthrough, self.sv.max_rows_per_request
-        )
-
-    async def infer(self, table: pa.Table) -> Answer:
-        batcher = self.ready_batcher()
-        try:
-            future = batcher.submit(table)
-        except Overloaded as exc:
-            self.metrics.rejected.inc()
-            raise ApiError(503, f"server busy: {exc}; retry shortly", "overloaded", {"Retry-After": "1"}) from None
-        self.metrics.queue_rows.set(batcher.queued_rows)
-        try:
-            return await asyncio.wrap_future(future)
-        except RowsRejected as exc:  # the request's own fault (its prompt is over the context...)
-            (error,) = exc.errors.values()
-            raise ApiError(400, str(error), "invalid_request") from None
-        except BulkinferError as exc:
-            refused = withheld(str(exc), type(exc).__name__)
-            raise ApiError(422, f"the model refused this request: {refused}", "model_error") from None
-        except Exception as exc:
-            message = withheld(" ".join(str(exc).split())[:300], type(exc).__name__)
-            raise ApiError(
-                422, f"the model failed on this request: {type(exc).__name__}: {message}", "model_error"
-            ) from None
-
-    def answer_rows(self, table: pa.Table, outputs: dict[str, pa.Array]) -> list[dict[str, Any]]:
-        """Kept input columns and the model's, as an offline run writes them."""
-        kept = [c for c in self.passthrough if c in table.column_names]
-        columns = [*(table.column(c) for c in kept), *outputs.values()]
-        rows: list[dict[str, Any]] = pa.Table.from_arrays(columns, names=[*kept, *outputs]).to_pylist()
-        return rows
-
-
-def _results(where: str, cfg: JobConfig) -> ResultIndex | RedisResults:
-    """A finished run's folder, or the current snapshot of a job's Redis export."""
-    if where.startswith(("redis://", "rediss://", "unix://")):
-        from .redis_results import RedisResults
-
-        return RedisResults(where, cfg)
-    return ResultIndex(where, cfg.source.id_column)
 
 
 def build_app(cfg: JobConfig) -> Starlette:

@@ -20,7 +20,7 @@ from ..llm.openai_api import CHAT, BadRequest, generation_request, request_id
 from .validation import ApiError, read_body
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .server import Server
 
 __all__ = ["generate"]
 

@@ -15,7 +15,7 @@ from ..llm.openai_api import BadRequest, embeddings_body, embeddings_inputs
 from .validation import ApiError, JSONResponse, read_body
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .server import Server
 
 __all__ = ["embeddings"]
 

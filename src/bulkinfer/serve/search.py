@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from .app import Server
+    from .server import Server
 
 __all__ = ["search"]
 
