@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ErrorBudgetExceeded
 from ..core.faults import crash_point
+from ..core.layout import ERRORS
 from ..core.records import decode_records
 from ..report.columns import describe
-from .ledger import ERRORS, Commit, OutputLedger
+from .ledger import Commit, OutputLedger
 from .routing import DEFAULT, Route, split
 
 if TYPE_CHECKING:

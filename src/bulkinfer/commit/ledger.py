@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
 from ..plan import JobPlan, describe_change
-from ..sinks import ERRORS, Part, write_bytes
+from ..sinks import Part, write_bytes
 
 __all__ = [
     "ERRORS",
@@ -45,9 +46,6 @@ __all__ = [
     "failed_rows",
     "success_manifest",
 ]
-
-PRIVATE = "_bulkinfer"
-SUCCESS = "_SUCCESS"
 
 
 @dataclass(frozen=True)

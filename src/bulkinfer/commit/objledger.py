@@ -34,10 +34,11 @@ from dataclasses import asdict
 from typing import Any
 
 from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
 from ..plan import JobPlan, describe_change
 from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
-from .ledger import ERRORS, PRIVATE, SUCCESS, Commit, active_error_files
+from .ledger import Commit, active_error_files
 
 __all__ = ["LEASE_S", "ObjectLedger"]
 

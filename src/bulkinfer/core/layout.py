@@ -1,8 +1,23 @@
-"""Names in an output's layout that more than one stage reads or writes."""
+"""The names of an output's layout that more than one stage reads or writes. A reader that
+skips names starting with ``_`` or ``.`` sees only committed parts; these are the ``_`` names.
+
+::
+
+    OUT/part-00000.parquet   committed parts (named by sinks/files.part_name)
+    OUT/_SUCCESS             the manifest, written last (SUCCESS)
+    OUT/_errors/             one record per failed row (ERRORS)
+    OUT/_bulkinfer/          the ledger, the lock, job.json, report.json (PRIVATE)
+"""
 
 from __future__ import annotations
 
-__all__ = ["HASH_COLUMN"]
+__all__ = ["ERRORS", "HASH_COLUMN", "PRIVATE", "SUCCESS"]
 
+PRIVATE = "_bulkinfer"
+"""The output's private folder: the ledger, the lock, the plan, the report."""
+SUCCESS = "_SUCCESS"
+"""The manifest of a complete output (files, row counts, checksums), written last."""
+ERRORS = "_errors"
+"""One record per failed row, in files named after the part they belong to."""
 HASH_COLUMN = "_input_hash"
 """Each row's input hash (``sink.input_hash``; always in an incremental run's output)."""

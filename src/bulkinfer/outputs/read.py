@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..commit.ledger import PRIVATE, SUCCESS
 from ..core.errors import SourceError
+from ..core.layout import PRIVATE, SUCCESS
 from ..core.storage import file_version, path_or_file, read_whole
 
 __all__ = [

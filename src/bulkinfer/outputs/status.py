@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..commit.committer import remaining_work
-from ..commit.ledger import ERRORS, SUCCESS, Ledger
+from ..commit.ledger import Ledger
 from ..core.errors import OutputError
+from ..core.layout import ERRORS, SUCCESS
 
 if TYPE_CHECKING:
     from ..commit.objledger import ObjectLedger

@@ -119,7 +119,7 @@ def load_baseline(where: str | None) -> OutputStats | None:
     """The column statistics of ``monitor.baseline`` (checked before any inference)."""
     if where is None:
         return None
-    from ..commit.ledger import PRIVATE
+    from ..core.layout import PRIVATE
     from ..core.storage import read_whole
     from .output import STATS
 

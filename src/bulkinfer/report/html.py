@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..commit.ledger import ERRORS, SUCCESS
 from ..core.errors import OutputError
+from ..core.layout import ERRORS, SUCCESS
 from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..outputs.read import normalise, private_json

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
+from ..core.layout import ERRORS
 from ..core.storage import is_remote
 from .base import Part, Published, Sink, Staged, StagedOutput
 from .exports import ExportTarget
-from .files import ERRORS, EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
+from .files import EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
 
 if TYPE_CHECKING:
     from ..config import ExportConfig, JobConfig

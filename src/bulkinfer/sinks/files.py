@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import OutputError
 from ..core.faults import crash_point, io_point
+from ..core.layout import ERRORS
 from ..core.records import ShardOutput, encode_records
 from .base import Part, Published, Staged, StagedOutput
 
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl", "delta": ".parquet"}
-ERRORS = "_errors"
 
 
 def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:

@@ -25,9 +25,10 @@ import fsspec
 
 from ..core.errors import ConfigError, OutputError
 from ..core.faults import crash_point
+from ..core.layout import ERRORS
 from ..core.records import ShardOutput, encode_records
 from .base import Part, Published, Staged, StagedOutput
-from .files import ERRORS, EXTENSIONS, part_name, serialize
+from .files import EXTENSIONS, part_name, serialize
 
 __all__ = ["TEMPORARY", "ObjectSink", "ObjectStore", "staged_key"]
 
