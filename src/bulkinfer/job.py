@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .adapters import ResolvedModel
 from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
-from .commit.ledger import Ledger, OutputLedger, active_error_files, failed_rows
+from .commit.finish import finish
+from .commit.ledger import Ledger, OutputLedger, failed_rows
 from .commit.repair import rebuild_ledger
 from .commit.routing import compile_routes
 from .commit.spend import CostGuard
@@ -34,7 +35,6 @@ from .core.hardware import emulation_warning
 from .core.layout import HASH_COLUMN
 from .core.records import redact
 from .core.storage import use_storage_options
-from .llm.batch_files import write_batch_files
 from .plan import JobPlan, job_identity, make_plan
 from .precision.gate import job_quality_gate
 from .precision.settle import Settled, settle
@@ -44,7 +44,6 @@ from .report.lineage import Lineage
 from .report.output import instance_price, load_output_stats
 from .runners import make_runner
 from .runners.ray import auto_on_cluster
-from .runners.reuse import write_deleted
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
 from .sources import Shard
 
@@ -156,12 +155,7 @@ def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunRe
             elif status == "failed":
                 lineage.fail(failure, report)
         if done:
-            extra = write_deleted(cfg.source.previous, job.cfg, plan, ledger, report) if cfg.source.previous else {}
-            if job.cfg.sink.format == "openai-batch":
-                commits = ledger.commits()
-                parts = sorted(c.file for c in commits if c.file)  # in shard order
-                write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
-            ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
+            finish(job.cfg, cfg.source.previous, plan, ledger, report)
             lineage.complete(report, stats.output.schema)
     if done and job.cfg.index.output:
         report["index"] = build_job_index(job.cfg, sink.out_dir)

@@ -1,0 +1,27 @@
+"""The finish step: a complete job's last writes, in order. Whatever a consumer reads beside
+the parts comes first (an incremental run's deleted ids, an OpenAI batch's output and error
+files), ``_SUCCESS`` last: a reader that waits for ``_SUCCESS`` finds everything else in place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import JobConfig
+from ..llm.batch_files import write_batch_files
+from ..plan import JobPlan
+from ..runners.reuse import write_deleted
+from .ledger import OutputLedger, active_error_files
+
+__all__ = ["finish"]
+
+
+def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]) -> None:
+    """Write what a complete output holds besides its parts, then ``_SUCCESS``. ``previous``:
+    the previous output of an incremental run, as the job asked for it (the settle step may
+    have dropped it from ``cfg`` when nothing could be reused; the deletions are still listed)."""
+    extra = write_deleted(previous, cfg, plan, ledger, report) if previous else {}
+    if cfg.sink.format == "openai-batch":
+        commits = ledger.commits()
+        parts = sorted(c.file for c in commits if c.file)  # in shard order
+        write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
+    ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
