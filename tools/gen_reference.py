@@ -18,7 +18,8 @@ HEAD = """# Configuration reference
 
 Generated from the config's docstrings by `tools/gen_reference.py` (do not edit by hand).
 Every field can be set in the job's TOML file, by `--set section.field=value`, and many by a
-flag of their own (`bulkinfer run --help`).
+flag of their own (`bulkinfer run --help`); a `--set` of a table merges into the table the
+file and the flags give, and a `--set` that contradicts a flag is refused.
 Unknown fields and wrong types are refused with one line naming the field.
 """
 

@@ -150,6 +150,9 @@ def test_knn_job_writes_the_exact_top_k_without_the_row_itself_or_what_it_has_se
                "-o", "knn", "--k", "8", "--set", "model.options={exclude_column = 'seen', k_column = 'want'}",
                "--progress", "none", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # --k and the --set of the same table merge: the job holds all three options
+    stored = json.loads((tmp_path / "knn" / "_bulkinfer" / "job.json").read_text())["config"]["model"]["options"]
+    assert stored == {"k": 8, "exclude_column": "seen", "k_column": "want"}
     import pyarrow.dataset as pads
 
     table = pads.dataset(tmp_path / "knn", format="parquet").to_table().sort_by("id")

@@ -119,3 +119,47 @@ def test_tensorrt_runs_the_onnxruntime_engine_in_fp32_or_fp16():
     assert _tensorrt_rows(load_config(sets=[*gpu, "runtime.batch_size=64"]).runtime) == 64
     assert _tensorrt_rows(load_config(sets=[*gpu, 'runtime.batch_size="auto"']).runtime) == 1024
     assert _tensorrt_rows(load_config(sets=["runtime.device=cuda"]).runtime) is None
+
+
+def _flags_inside_tables() -> list[str]:
+    """The `run` command's flags that set a field inside a table-valued field (model.options.k ...),
+    read from the command's own overrides, so a new one is tested too."""
+    import ast
+    import inspect
+
+    from bulkinfer.cli import run as run_command
+
+    tree = ast.parse(inspect.getsource(run_command))
+    keys = [
+        k.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Dict)
+        for k in node.keys
+        if isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value.count(".") >= 2
+    ]
+    return keys
+
+
+def test_every_flag_inside_a_table_merges_with_a_set_of_that_table(tmp_path):
+    flags = _flags_inside_tables()
+    assert "model.options.k" in flags
+    for key in flags:
+        table, _, field = key.rpartition(".")
+        cfg = load_config(overrides={key: 3}, sets=[f"{table}={{other = 'x'}}"])
+        section, name = table.split(".", 1)
+        assert getattr(getattr(cfg, section), name) == {field: 3, "other": "x"}, key
+
+
+def test_a_set_of_a_table_merges_into_the_files_table_and_a_clash_with_a_flag_is_refused(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text('[model]\nname = "items.index"\noptions = {exclude_self = false, k = 5}\n')
+    cfg = load_config(f, {"model.options.k": None}, ["model.options={k_column = 'k'}"])
+    assert cfg.model.options == {"exclude_self": False, "k": 5, "k_column": "k"}
+    cfg = load_config(f, {"model.options.k": 3}, ["model.options={k = 3}"])  # the same value twice: fine
+    assert cfg.model.options["k"] == 3
+    with pytest.raises(
+        ConfigError, match=r"^model\.options\.k: a flag sets 3 and --set model\.options sets 7; give it once$"
+    ):
+        load_config(f, {"model.options.k": 3}, ["model.options={k = 7}"])
+    with pytest.raises(ConfigError, match=r"^runtime\.batch_size: a flag sets 32 and --set runtime\.batch_size sets 8"):
+        load_config(f, {"runtime.batch_size": 32}, ["runtime.batch_size=8"])

@@ -40,6 +40,8 @@ def parse_value(text: str) -> Any:
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` (dotted) to ``value``; a table merges into the table already there (a flag
+    and a ``--set`` of the same table both count), anything else replaces what is there."""
     parts = key.split(".")
     node = data
     for part in parts[:-1]:
@@ -47,7 +49,29 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: '{part}' is not a section")
         node = child
-    node[parts[-1]] = value
+    here = node.get(parts[-1])
+    if isinstance(value, dict) and isinstance(here, dict):
+        for name, inner in value.items():
+            _set_dotted(here, name, inner)
+    else:
+        node[parts[-1]] = value
+
+
+def _leaves(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """The dotted leaves a value sets: a table's own fields, recursively."""
+    if isinstance(value, dict) and value:
+        for name, inner in value.items():
+            yield from _leaves(f"{key}.{name}", inner)
+    else:
+        yield key, value
+
+
+def _check_agrees(flags: Mapping[str, Any], key: str, value: Any) -> None:
+    """A ``--set`` may add to what a flag set, never silently contradict it."""
+    for leaf, given in _leaves(key, value):
+        for flag, said in flags.items():
+            if said is not None and (leaf == flag or leaf.startswith(flag + ".")) and said != given:
+                raise ConfigError(f"{leaf}: a flag sets {said!r} and --set {key} sets {given!r}; give it once")
 
 
 def load_config(
@@ -74,7 +98,9 @@ def load_config(
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set runtime.batch_size=64")
-        _set_dotted(data, key.strip(), parse_value(raw.strip()))
+        value = parse_value(raw.strip())
+        _check_agrees(overrides or {}, key.strip(), value)
+        _set_dotted(data, key.strip(), value)
     if base is not None and path is None and (masked := find_masked(data)) is not None:
         raise ConfigError(
             f"{masked}: the output's job.json keeps no credentials; rerun with the job file that holds it (-c)"
