@@ -42,7 +42,7 @@ def make_users(n: int, n_items: int, seed: int = 5) -> pa.Table:
     """Users with a short profile (a few catalog words) and a history of 3..12 item ids."""
     rng = random.Random(seed)
     profiles = [" ".join(rng.choices(WORDS, k=rng.randint(4, 14))) for _ in range(n)]
-    history = [rng.sample(range(n_items), rng.randint(3, 12)) for _ in range(n)]
+    history = [rng.sample(range(n_items), rng.randint(min(3, n_items), min(12, n_items))) for _ in range(n)]
     return pa.table({"user_id": [f"u{i:06d}" for i in range(n)], "profile": profiles, "history": history})
 
 
@@ -64,6 +64,8 @@ def main() -> None:
     p.add_argument("--users", type=int, default=2000)
     p.add_argument("--workdir", default="demo/recommend")
     a = p.parse_args()
+    if a.items < 1 or a.users < 1:
+        p.error("--items and --users must be at least 1")
     work = Path(a.workdir)
     if work.exists():
         shutil.rmtree(work)

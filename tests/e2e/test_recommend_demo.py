@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.dataset as pads
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,3 +42,23 @@ def test_the_recommendation_demo_runs_end_to_end(tmp_path, redis_server):
     assert re.search(r'"answered_by":\s*"precomputed"', lookup.group(2)) and lookup.group(1) in lookup.group(2)
     search = json.loads(out.split("/v1/search", 1)[1].split("\n", 1)[1].splitlines()[0])
     assert len(search["results"][0]["ids"]) == 5
+
+
+@pytest.mark.parametrize("n_items", [1, 2, 5, 13])
+def test_the_demos_users_fit_any_catalog_size(n_items, monkeypatch):
+    """--items 5 --users 2 once failed drawing histories of 3..12 items from 5 ('Sample larger
+    than population'): a history is at most the catalog, at least one item."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "recommend"))
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    from demo import make_users
+
+    users = make_users(40, n_items)
+    histories = users["history"].to_pylist()
+    assert len(histories) == 40 and all(1 <= len(h) <= min(12, n_items) for h in histories)
+    assert all(len(set(h)) == len(h) and set(h) <= set(range(n_items)) for h in histories)
+
+
+def test_the_demo_refuses_sizes_below_one_in_one_line():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "recommend" / "demo.py"), "--items", "0"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("--items and --users must be at least 1")

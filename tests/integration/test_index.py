@@ -239,3 +239,13 @@ def test_serve_swaps_in_a_newer_finished_run(items, tmp_path):
     os.utime(out / "_SUCCESS", (time.time() + 5, time.time() + 5))  # as a later run's _SUCCESS would be
     newer = index.newer()
     assert newer is not None and len(newer) == len(ids) and newer.newer() is None
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_an_output_smaller_than_k_is_indexed_with_full_recall(items, tmp_path, kind):
+    """Five vectors and k = 10: every query's true neighbours are the five there are, and an
+    exact index finds them all (recall 1.0, not 5/10 that would fail any --min-recall)."""
+    v = vectors()[:5]
+    out, *_ = items([list(x) for x in v], name="small")
+    report = build_index(out, tmp_path / f"small-{kind}.index", IndexSpec(kind=kind, k=10, queries=5), 0.99)
+    assert report.vectors == 5 and report.recall == 1.0
