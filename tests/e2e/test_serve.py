@@ -429,3 +429,39 @@ def test_a_running_server_swaps_in_a_newer_finished_run_of_its_results_folder(tm
         assert seen[-1] == [14.0, -14.0] and all(e in ([7.0, -7.0], [14.0, -14.0]) for e in seen)
     finally:
         server.stop()
+
+
+def test_a_text_model_serves_without_a_text_column_and_the_start_up_line_lists_every_route(tmp_path):
+    """`serve --model minilm` alone: /v1/embeddings needs no column, /v1/predict rows carry their
+    text in 'input' (said in a line at start-up), and the start-up line names every route."""
+    from openai import OpenAI
+
+    from bulkinfer import load_config
+    from bulkinfer.serve import route_list
+    from bulkinfer.serve.app import build_app
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bulkinfer", "serve", "--port", "0", "-m", "minilm"], cwd=tmp_path,
+                            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line.strip())
+            if "serving minilm at" in line:
+                break
+        assert "bulkinfer: no --text-column: /v1/predict rows carry their text in 'input'" in lines[-2]
+        url, routes = re.search(r"at (http://127\.0\.0\.1:\d+) \((.*)\)$", lines[-1]).groups()
+        app = build_app(load_config(overrides={"model.name": "minilm", "model.text_column": "input"}))
+        assert routes == route_list(app) and "POST /v1/predict, /v1/embeddings" in routes and "/v1/search" in routes
+        assert len(routes.split(", ")) + routes.count(";") == len(app.routes)  # every route, once
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        got = OpenAI(base_url=f"{url}/v1", api_key="none").embeddings.create(model="minilm", input=["red shoes"])
+        rows = httpx.post(f"{url}/v1/predict", json={"rows": [{"input": "red shoes"}]}).json()["rows"]
+        assert np.allclose(rows[0]["embedding"], got.data[0].embedding, atol=1e-5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -54,13 +54,7 @@ def serve(cfg: JobConfig) -> None:
         ) from exc
     host, port = sock.getsockname()[:2]
     scheme = "https" if sv.tls_cert else "http"
-    log.info(
-        "serving %s at %s://%s:%d (POST /v1/predict, /v1/embeddings; GET /readyz, /metrics)",
-        cfg.model.name,
-        scheme,
-        host,
-        port,
-    )
+    log.info("serving %s at %s://%s:%d (%s)", cfg.model.name, scheme, host, port, route_list(app))
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -89,3 +83,14 @@ def _reload_keys_on_sighup(server: Any) -> None:
             log.warning("SIGHUP: %s; the keys in force are kept", exc)
 
     signal.signal(signal.SIGHUP, reload)
+
+
+def route_list(app: Any) -> str:
+    """The app's routes by method, as the start-up line lists them: read from the app itself,
+    so the line cannot leave out a route the server answers."""
+    by_method: dict[str, list[str]] = {}
+    for route in app.routes:
+        for method in sorted(getattr(route, "methods", None) or ()):
+            if method != "HEAD":
+                by_method.setdefault(method, []).append(route.path.replace("{id:path}", "{id}"))
+    return "; ".join(f"{method} {', '.join(paths)}" for method, paths in sorted(by_method.items(), reverse=True))
