@@ -447,3 +447,40 @@ def test_runs_racing_to_take_over_a_dead_runs_lease_exactly_one_wins(s3_server):
         for i, r in enumerate(results):
             if not isinstance(r, Exception):
                 ledgers[i].release()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "run",
+            "-i",
+            "in.parquet",
+            "-m",
+            "s3model:embed",
+            "--feature-columns",
+            "x",
+            "-o",
+            "{out}",
+            "--progress",
+            "none",
+        ],
+        ["inspect", "{out}"],
+        ["index", "{out}", "-o", "items.index"],
+    ],
+    ids=["run", "inspect", "index"],
+)
+def test_an_object_store_without_credentials_is_one_line_for_every_command(s3job, s3_server, args, tmp_path):
+    """No credentials anywhere (no storage options, no AWS_* variables, no profile): the client
+    raises its own error (botocore's NoCredentialsError, not an OSError); each command says it
+    in one line naming the store and what to check, never a traceback."""
+    _config, bucket = s3job
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_ENDPOINT_URL=s3_server.endpoint, PYTHONPATH=str(tmp_path))  # fmt: skip
+    out = f"s3://{bucket}/out"
+    proc = subprocess.run([*BULKINFER, *(a.format(out=out) for a in args)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"bulkinfer: error: {out}") and "NoCredentialsError" in line and "credentials" in line

@@ -63,6 +63,8 @@ def read_whole(where: str) -> bytes | None:
         return None
     except OSError as exc:
         raise SourceError(f"{where}: cannot read it ({' '.join(str(exc).split())[:200]})", where) from exc
+    except Exception as exc:  # the store's client raised it: no credentials, a bad endpoint...
+        raise store_trouble(where, exc) from exc
     return data
 
 

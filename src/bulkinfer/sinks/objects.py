@@ -88,6 +88,8 @@ class ObjectStore:
             raise OutputError(
                 f"{self.url(key)}: cannot {what} ({_why(exc)}); committed shards are kept, rerun to resume"
             ) from exc
+        except Exception as exc:  # what the store's client raised, of any kind (no credentials, a bad endpoint)
+            raise OutputError(f"{self.url(key)}: cannot {what} ({_trouble(exc)})") from exc
 
     # -- whole objects --------------------------------------------------------------
     def put(self, key: str, data: bytes) -> None:
@@ -188,6 +190,8 @@ class ObjectStore:
             ) from exc
         except OSError as exc:
             raise OutputError(f"{self.uri}: cannot reach the store ({_why(exc)}); check sink.storage_options") from exc
+        except Exception as exc:  # the client's own errors: no credentials, a malformed endpoint...
+            raise OutputError(f"{self.uri}: cannot reach the store ({_trouble(exc)})") from exc
         self.put(probe, b"")
         self.delete([probe])
 
@@ -271,3 +275,11 @@ def _why(exc: BaseException) -> str:
             return " ".join(f"{status} {code}: {message}".split())[:200]
         seen = seen.__cause__ or seen.__context__
     return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def _trouble(exc: BaseException) -> str:
+    """A store client's own error (botocore's NoCredentialsError...) in one line, with what to check."""
+    return (
+        f"{type(exc).__name__}: {_why(exc)}; check the store's endpoint and credentials "
+        "(sink.storage_options, or the environment: AWS_* variables, a profile, an instance role)"
+    )
