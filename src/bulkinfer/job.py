@@ -238,6 +238,9 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
     )
     skip = [*cfg.passthrough_columns, HASH_COLUMN]
     stats.output = load_output_stats(ledger, committed, cfg.sink.format, skip)
+    stats.empty_inputs = [f.uri for f in plan.inputs if f.size == 0]
+    for uri in stats.empty_inputs:  # a truncated upload looks exactly like this: said, never silent
+        log.warning("%s: the file is empty (0 bytes): it adds no rows; check the upload if rows were expected", uri)
     if plan.input_errors:
         ledger.write_input_errors(plan.input_errors)
         for e in plan.input_errors:

@@ -54,6 +54,7 @@ class RunStats:
     output: OutputStats = field(default_factory=OutputStats)  # column statistics of every part in force
     drift: dict[str, Any] | None = None  # against monitor.baseline (report.drift.compare_stats)
     dedupe: bool | str | None = None  # runtime.dedupe as it ran (auto: what the runner decided)
+    empty_inputs: list[str] = field(default_factory=list)  # input files of 0 bytes (a truncated upload?)
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, rows out) per commit
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
@@ -178,6 +179,7 @@ class RunStats:
             **({"backend": self.backend} if self.backend else {}),
             **({"routes": dict(self.routes)} if self.routes else {}),
             **({"drift": self.drift} if self.drift else {}),
+            **({"empty_inputs": list(self.empty_inputs)} if self.empty_inputs else {}),
             "reuse": {
                 "rows_from_previous": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
