@@ -196,3 +196,38 @@ def test_embeddings_requests_go_to_the_embedding_model(tmp_path):
     np.testing.assert_allclose(np.frombuffer(base64.b64decode(raw), np.float32), want[2], atol=2e-5)
     (err,) = read_lines(tmp_path / "out" / "_batch_errors.jsonl")
     assert err["custom_id"] == "g0" and "makes embeddings" in err["response"]["body"]["error"]["message"]
+
+
+def _mostly_bad_batch(path) -> list[str]:
+    """Ten embedding requests of which four are bad lines (not JSON, no body, another endpoint,
+    another model's name is fine): the custom_ids of the good ones."""
+    good = [f"e{i}" for i in range(6)]
+    lines = [json.dumps({"custom_id": c, "method": "POST", "url": "/v1/embeddings",
+                         "body": {"model": "minilm", "input": f"text {c}"}}) for c in good]  # fmt: skip
+    bad = ['{"custom_id": "b1", "method": "POST"', json.dumps({"custom_id": "b2", "method": "POST",
+           "url": "/v1/embeddings"}), json.dumps({"custom_id": "b3", "method": "POST", "url": "/v1/moderations",
+           "body": {"input": "x"}}), json.dumps({"custom_id": "b4", "method": "POST", "url": "/v1/embeddings",
+           "body": {"model": "minilm"}})]  # fmt: skip
+    # bad lines first in the file (rows 0, 2, 4, 6), good ones between
+    order = [bad[0], lines[0], bad[1], lines[1], bad[2], lines[2], bad[3], *lines[3:]]
+    path.write_text("\n".join(order) + "\n")
+    return good
+
+
+def test_a_batch_file_with_many_bad_lines_completes_with_its_error_file(tmp_path):
+    """40% bad lines: over any default budget, but a bad line is its own request's answer (the
+    Batch API's contract): the job completes, every request is in one of the two files."""
+    src = tmp_path / "mixed.jsonl"
+    good = _mostly_bad_batch(src)
+    base = {"source.paths": [str(src)], "model.name": "minilm", "execution.progress": "none"}
+    result = run_job(load_config(overrides={**base, "sink.path": str(tmp_path / "out")}))
+    assert result.status == "complete" and result.report["rows_out"] == 6 and result.report["rows_failed"] == 4
+    answered = sorted(a["custom_id"] for a in read_lines(tmp_path / "out" / "_batch_output.jsonl"))
+    failed = [e["custom_id"] for e in read_lines(tmp_path / "out" / "_batch_errors.jsonl")]
+    assert answered == sorted(good) and len(failed) == 4 and (tmp_path / "out" / "_SUCCESS").exists()
+
+    # a budget the job sets is honoured, and the error names the first bad line in file order
+    from bulkinfer import ErrorBudgetExceeded
+
+    with pytest.raises(ErrorBudgetExceeded, match=r"first: .*row 0\b"):
+        run_job(load_config(overrides={**base, "sink.path": str(tmp_path / "capped"), "execution.max_errors": 1}))

@@ -161,6 +161,7 @@ class Committer:
     exports: list[ExportTarget] = field(default_factory=list)
     on_commit: Callable[[], None] = lambda: None
     first_error: str | None = None
+    _first_at: int | None = None  # the shard first_error comes from (shards may commit out of order)
     routes: list[Route] = field(default_factory=list)
     route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
     stamp: PartStamp = field(default_factory=PartStamp)
@@ -186,8 +187,8 @@ class Committer:
         """Publish the staged files, write ``table`` (the part's rows) to the export targets and
         ``routed`` to the routes' targets, then append the ledger line that makes them count."""
         shard = staged.shard
-        if staged.first_error and self.first_error is None:
-            self.first_error = staged.first_error
+        if staged.first_error and (self._first_at is None or shard.index < self._first_at):
+            self.first_error, self._first_at = staged.first_error, shard.index  # the first bad row in file order
         published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
         part = published.part
         n_routed = sum(t.num_rows for t in (routed or {}).values())

@@ -10,8 +10,9 @@ nowhere else rewrites the job's config.
 In order, :func:`settle` decides:
 
 1. an OpenAI batch input (declared, or ``.jsonl`` files of requests): ``custom_id`` as the id
-   column and the Batch output format (:func:`bulkinfer.llm.batch_files.batch_config`); online,
-   a generation model's requests are rows of that request mode;
+   column, the Batch output format (:func:`bulkinfer.llm.batch_files.batch_config`) and, unless
+   the job sets a budget, no error budget (a bad line is its request's answer); online, a
+   generation model's requests are rows of that request mode;
 2. the model (:func:`bulkinfer.adapters.resolve_model`);
 3. ``runtime.precision = "auto"``: the engine and precision the run being resumed chose, else
    the fastest gate-passing one ``tune`` measured (or calibrates) for this model on this
@@ -62,7 +63,7 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     """Decide every automatic or derived setting of ``cfg`` (see the module's docstring).
     ``online``: for ``serve`` (no resume, no incremental input, no batch file to detect)."""
     if not online:
-        cfg = batch_config(cfg)
+        cfg = _batch_budget(batch_config(cfg))
     model = resolve_model(cfg)
     if online and model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
         cfg = _update(cfg, "source", format="openai-batch")
@@ -77,6 +78,18 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     if cfg.source.previous and not online:
         cfg = _incremental(cfg, model)
     return Settled(cfg, model, adapter)
+
+
+def _batch_budget(cfg: JobConfig) -> JobConfig:
+    """An OpenAI batch file's bad lines are answers too (its error file), as the Batch API has it:
+    a bad line fails only its own request, whatever their share, unless the job sets a budget."""
+    budget = {"max_error_rate", "max_errors", "min_error_budget"}
+    if cfg.source.format != "openai-batch" or budget & cfg.execution.model_fields_set:
+        return cfg
+    log.info(
+        "OpenAI batch file: a bad line fails only its own request (set execution.max_error_rate to stop at a share)"
+    )
+    return _update(cfg, "execution", max_error_rate=1.0)
 
 
 def after_gate(cfg: JobConfig, figures: Mapping[str, Any] | None) -> JobConfig:

@@ -213,4 +213,5 @@ class Assembler:
         if partial:
             shard = replace(shard, stop=shard.start + state.done_rows)
         table = pa.concat_tables(state.windows) if state.windows else pa.table({})
-        return ShardOutput(shard, table, state.errors)
+        errors = sorted(state.errors, key=lambda e: (e.row is None, e.row or 0))  # in file order
+        return ShardOutput(shard, table, errors)

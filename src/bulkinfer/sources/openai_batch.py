@@ -36,15 +36,25 @@ def _custom_id(line: bytes) -> str | None:
     return cid if isinstance(cid, str) else None
 
 
-def looks_like_batch(uri: str) -> bool:
-    """Whether the file's first non-empty line is an OpenAI batch request."""
+def looks_like_batch(uri: str, lines: int = 20) -> bool:
+    """Whether the file is one of OpenAI batch requests: its first line that is a JSON object
+    (within the first ``lines`` non-empty ones: a broken line does not hide what the file is)
+    has a ``custom_id`` and a ``url``."""
     try:
         with open_binary(uri) as fh:
+            seen = 0
             for line in fh:
-                if line.strip():
+                if not line.strip():
+                    continue
+                seen += 1
+                try:
                     obj = json.loads(line)
-                    return isinstance(obj, dict) and {"custom_id", "url", "body"} <= set(obj)
-    except (OSError, ValueError):
+                except ValueError:
+                    if seen >= lines:
+                        return False
+                    continue
+                return isinstance(obj, dict) and {"custom_id", "url"} <= set(obj)
+    except OSError:
         return False
     return False
 
