@@ -125,21 +125,47 @@ def publish_and_export(
 ) -> Published:
     """Publish a shard's staged files, then write its rows to every export target and each
     route's rows to that route's targets: all of it before the ledger line, so a crash
-    anywhere here means the shard is replayed."""
+    anywhere here means the shard is replayed. When a target fails, the published files are
+    withdrawn before the error goes on: a reader never sees a part that no ledger line vouches
+    for (a process killed outright leaves it to the next run, which removes it)."""
     published = sink.publish(staged)
-    if targets and published.part is not None:
-        if table is None:
-            raise AssertionError("export targets need the part's rows: the runner must hand them over")
-        for target in targets:
-            _timed_write(target, published.part.name, table, stats)
-    if routed:
-        stats.add_route(DEFAULT, published.part.rows if published.part else 0)
-        for route, rows in routed.items():
-            stats.add_route(route, rows.num_rows)
-            for target in (route_targets or {}).get(route, []):
-                _timed_write(target, staged.unit, rows, stats)
+    try:
+        if targets and published.part is not None:
+            if table is None:
+                raise AssertionError("export targets need the part's rows: the runner must hand them over")
+            for target in targets:
+                _timed_write(target, published.part.name, table, stats)
+        if routed:
+            stats.add_route(DEFAULT, published.part.rows if published.part else 0)
+            for route, rows in routed.items():
+                stats.add_route(route, rows.num_rows)
+                for target in (route_targets or {}).get(route, []):
+                    _timed_write(target, staged.unit, rows, stats)
+    except BaseException:  # a target refused or failed, or the run was stopped: no part stays visible uncommitted
+        sink.withdraw(staged, published)
+        raise
     crash_point("exported")
     return published
+
+
+def commit_or_withdraw(
+    sink: Sink, ledger: OutputLedger, staged: StagedOutput, published: Published, record: Commit
+) -> None:
+    """Append the ledger line; when that fails, withdraw the published files unless the line
+    made it after all (a failure after the write): a part is never visible without its line,
+    and a line never loses its part."""
+    try:
+        ledger.commit(record)
+    except BaseException:
+        try:
+            written = record in ledger.commits()
+        except (
+            Exception
+        ):  # the ledger cannot be read either: the next run decides (it removes what no line vouches for)
+            written = True
+        if not written:
+            sink.withdraw(staged, published)
+        raise
 
 
 def _timed_write(target: ExportTarget, part: str, table: pa.Table, stats: RunStats) -> None:
@@ -192,9 +218,10 @@ class Committer:
         published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
         part = published.part
         n_routed = sum(t.num_rows for t in (routed or {}).values())
-        self.ledger.commit(
-            Commit.of(shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed)
+        record = Commit.of(
+            shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed
         )
+        commit_or_withdraw(self.sink, self.ledger, staged, published, record)
         self.sink.reveal(staged)
         if part is not None:
             self.stats.output.add(part.name, staged.stats)
@@ -278,9 +305,8 @@ class RetryCommitter:
         c = self.unit.commit
         failed = staged.failed
         n_routed = sum(t.num_rows for t in (routed or {}).values())
-        self.ledger.commit(
-            Commit.of(c.shard, c.start, c.stop, published.part, failed, published.error_file, old, n_routed)
-        )
+        record = Commit.of(c.shard, c.start, c.stop, published.part, failed, published.error_file, old, n_routed)
+        commit_or_withdraw(self.sink, self.ledger, staged, published, record)
         self.sink.reveal(staged)
         if published.part is not None:
             self.stats.output.add(published.part.name, staged.stats)

@@ -7,6 +7,7 @@
     publish(staged)              the files under their final names (then the ledger line)
     reveal(staged)               after the ledger line (object stores: the part becomes visible)
     discard(staged)              an attempt that will not be committed (it lost a race)
+    withdraw(staged, published)  a published shard whose commit will not come (an export failed)
     complete() / failed()        once, at the end: sweep what no commit needs
 
 Only the ledger decides what is committed: a published file that no ledger line vouches
@@ -89,6 +90,11 @@ class Sink(Protocol):
         ...
 
     def discard(self, staged: StagedOutput) -> None: ...
+
+    def withdraw(self, staged: StagedOutput, published: Published) -> None:
+        """Take back what :meth:`publish` put in place, before the ledger line was written (an
+        export target refused the shard): nothing visible is left without its commit."""
+        ...
 
     def complete(self) -> None: ...
 

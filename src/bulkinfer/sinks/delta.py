@@ -49,6 +49,12 @@ class DeltaSink(FileSink):
     def __init__(self, out_dir: Path, compression: str = "zstd") -> None:
         super().__init__(out_dir, "delta", compression)
 
+    def withdraw(self, staged: StagedOutput, published: Published) -> None:
+        """Only the error file: the part is in the Delta log already (a Delta reader's commit), and
+        the resume keeps the parts the table holds."""
+        if published.error_file is not None:
+            (self.errors_dir / published.error_file).unlink(missing_ok=True)
+
     def publish(self, staged: StagedOutput) -> Published:
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.exceptions import TableNotFoundError

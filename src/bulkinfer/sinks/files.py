@@ -198,6 +198,14 @@ class FileSink:
     def reveal(self, staged: StagedOutput) -> None:
         """Nothing: the rename in :meth:`publish` already put the part in place."""
 
+    def withdraw(self, staged: StagedOutput, published: Published) -> None:
+        """Remove the renamed part and error file (no ledger line vouches for them)."""
+        if published.part is not None:
+            (self.out_dir / published.part.name).unlink(missing_ok=True)
+        if published.error_file is not None:
+            (self.errors_dir / published.error_file).unlink(missing_ok=True)
+        fsync_dir(self.out_dir)
+
     def discard(self, staged: StagedOutput) -> None:
         if staged.part:
             (self.out_dir / staged.part.temp).unlink(missing_ok=True)

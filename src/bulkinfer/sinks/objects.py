@@ -253,6 +253,11 @@ class ObjectSink:
             crash_point("part-renamed")
         self.store.delete([s.temp for s in (staged.part, staged.errors) if s is not None])
 
+    def withdraw(self, staged: StagedOutput, published: Published) -> None:
+        """The error file copied into ``_errors/``; the part was never in place (it waits for its record)."""
+        if published.error_file is not None:
+            self.store.delete([f"{ERRORS}/{published.error_file}"])
+
     def discard(self, staged: StagedOutput) -> None:
         """Nothing now: another attempt with the same bytes may share the staged object, and
         :meth:`complete` (or the next run) sweeps ``_temporary/``."""
