@@ -157,6 +157,13 @@ def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunRe
         if done:
             finish(job.cfg, cfg.source.previous, plan, ledger, report)
             lineage.complete(report, stats.output.schema)
+    if stats.rows_truncated:
+        limit = getattr(getattr(job.adapter, "inner", job.adapter), "max_seq_length", None)
+        log.warning(
+            "%d row(s) had texts over the model's limit of %s tokens and were embedded from their first %s "
+            "(report.json rows_truncated; model.truncate = false makes them error rows)",
+            stats.rows_truncated, limit, limit,
+        )  # fmt: skip
     if done and job.cfg.index.output:
         report["index"] = build_job_index(job.cfg, sink.out_dir)
     if stats.drift and stats.drift["status"] == "drift" and job.cfg.monitor.fail_on_drift:

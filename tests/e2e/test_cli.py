@@ -188,3 +188,25 @@ def test_machine_says_what_runs_fast_here_and_what_tune_measured(tmp_path):
     assert f"machine kind {hardware.isa_key()}" in proc.stdout and "engines and precisions here" in proc.stdout
     other = cli("machine", "-m", "minilm", "--json", "--set", f"runtime.cache_dir={tmp_path / 'none'}", check=True)
     assert json.loads(other.stdout)["tune"]["cpu"] == "not measured (run bulkinfer tune on this machine)"
+
+
+def test_a_table_job_counts_and_says_the_texts_it_truncated_or_refuses_them(tmp_path):
+    """A text over the model's 256 tokens: embedded from its first tokens (as sentence-transformers
+    does), counted in report.json and said in one line; with model.truncate = false an error row."""
+    import pyarrow as pa
+
+    write(pa.table({"id": [1, 2, 3], "t": ["short", "word " * 600, "also short"]}), tmp_path / "in.parquet")
+    base = ["run", "-i", "in.parquet", "-m", "minilm", "--text-column", "t", "--id-column", "id", "--progress", "none"]
+    proc = cli(*base, "-o", "cut", cwd=tmp_path, check=True)
+    report = json.loads((tmp_path / "cut" / "_bulkinfer" / "report.json").read_text())
+    assert report["rows_truncated"] == 1 and report["rows_out"] == 3
+    (line,) = [x for x in proc.stderr.splitlines() if "over the model's limit" in x]
+    assert line.startswith("bulkinfer: 1 row(s) had texts over the model's limit of 256 tokens")
+    cli(*base, "-o", "refused", "--set", "model.truncate=false", "--set", "execution.max_errors=1", cwd=tmp_path,
+        check=True)  # fmt: skip
+    report = json.loads((tmp_path / "refused" / "_bulkinfer" / "report.json").read_text())
+    assert report["rows_out"] == 2 and report["rows_failed"] == 1 and report["rows_truncated"] == 0
+    (err,) = [
+        json.loads(x) for p in (tmp_path / "refused" / "_errors").glob("*.jsonl") for x in p.read_text().splitlines()
+    ]
+    assert err["id"] == 2 and "the text has 602 tokens, over the model's limit of 256" in err["message"]

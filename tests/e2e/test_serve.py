@@ -465,3 +465,67 @@ def test_a_text_model_serves_without_a_text_column_and_the_start_up_line_lists_e
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+LONG_TEXT = "word " * 12000  # 60,000 characters: far over MiniLM's 256 tokens
+
+
+def _embedding_bodies() -> dict[str, dict]:
+    """One request per field of the OpenAI embeddings request type, each with a value that is not
+    the default, plus a field the type does not have and a text over the token limit."""
+    return {
+        "dimensions-same": {"model": "minilm", "input": "red shoes", "dimensions": 384},
+        "dimensions-64": {"model": "minilm", "input": "red shoes", "dimensions": 64},
+        "model-other": {"model": "text-embedding-3-small", "input": "red shoes"},
+        "encoding-base64": {"model": "minilm", "input": "red shoes", "encoding_format": "base64"},
+        "user": {"model": "minilm", "input": "red shoes", "user": "team-search"},
+        "unknown-field": {"model": "minilm", "input": "red shoes", "truncate_prompt_tokens": 10},
+        "too-long": {"model": "minilm", "input": ["fine", LONG_TEXT]},
+    }
+
+
+WANT = {  # what each request gets, online and in a Batch file alike: None answered, else (400, the field it names)
+    "dimensions-same": None, "encoding-base64": None, "user": None,
+    "dimensions-64": "dimensions: this model's embeddings have 384 dimensions and cannot be shortened",
+    "model-other": "model: this job runs 'minilm'; the request asks for 'text-embedding-3-small'",
+    "unknown-field": "truncate_prompt_tokens: not a field of an embeddings request",
+    "too-long": "input[1]: the text has 12002 tokens, over the model's limit of 256",
+}  # fmt: skip
+
+
+def test_every_field_of_an_embeddings_request_is_honoured_or_refused_the_same_online_and_in_a_batch(
+    text_server, tmp_path
+):
+    import typing
+
+    from openai.types import EmbeddingCreateParams
+
+    from bulkinfer.llm.openai_api import EMBEDDINGS_FIELDS
+
+    assert set(EMBEDDINGS_FIELDS) == set(typing.get_type_hints(EmbeddingCreateParams))  # a new field fails here
+    bodies = _embedding_bodies()
+    server, *_ = text_server
+    online = {name: _post(f"{server.url}/v1/embeddings", body) for name, body in bodies.items()}
+    lines = [
+        json.dumps({"custom_id": n, "method": "POST", "url": "/v1/embeddings", "body": b}) for n, b in bodies.items()
+    ]
+    (tmp_path / "batch.jsonl").write_text("\n".join(lines) + "\n")
+    cli("run", "-i", "batch.jsonl", "-m", "minilm", "-o", "out", "--progress", "none", cwd=tmp_path, check=True)
+    answered = {
+        a["custom_id"]: a for a in map(json.loads, (tmp_path / "out" / "_batch_output.jsonl").read_text().splitlines())
+    }
+    refused = {
+        e["custom_id"]: e for e in map(json.loads, (tmp_path / "out" / "_batch_errors.jsonl").read_text().splitlines())
+    }
+    for name, want in WANT.items():
+        if want is None:
+            assert online[name].status_code == 200 and name in answered, (name, online[name].text)
+            vectors = online[name].json()["data"]
+            assert online[name].json()["model"] == answered[name]["response"]["body"]["model"] == "minilm"
+            if name != "encoding-base64":
+                assert len(vectors[0]["embedding"]) == 384
+        else:
+            message = online[name].json()["error"]["message"]
+            assert online[name].status_code == 400 and message.startswith(want), (name, message)
+            body = refused[name]["response"]
+            assert body["status_code"] == 400 and body["body"]["error"]["message"] == message, name

@@ -40,6 +40,7 @@ __all__ = [
     "predict_features",
     "predict_table",
     "resolve_model",
+    "served_names",
     "to_arrow_column",
     "to_numpy_column",
 ]
@@ -133,14 +134,15 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             cache_dir=cfg.runtime.cache_dir,
             int8_fp32_groups=_int8_groups(cfg, model),
             tensorrt_rows=_tensorrt_rows(cfg.runtime),
+            # over the token limit: a table's row is cut (counted) unless refused; a request is refused unless allowed
+            refuse_overflow=m.truncate is False or (m.truncate is None and requests),
         )
         if cfg.runtime.device.startswith("cuda"):
             adapter.batch_size_hint = GPU_TEXT_BATCH  # a GPU idles on 16-row calls; tune measures 64..1024
         if requests:
             from .embed_requests import EmbeddingRequests
 
-            names = [m.served_name or m.name, m.name, Path(model.location).name]
-            return EmbeddingRequests(adapter, list(dict.fromkeys(names)))
+            return EmbeddingRequests(adapter, served_names(cfg, model))
         return adapter
     if model.kind == "knn":
         from .knn import KnnAdapter
@@ -193,6 +195,13 @@ def _int8_groups(cfg: JobConfig, model: ResolvedModel) -> list[str] | None:
 
     cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
     return cached_plan(cache, model.digest, rt.quality_floor)
+
+
+def served_names(cfg: JobConfig, model: ResolvedModel) -> list[str]:
+    """The ``model`` names an OpenAI request may ask for (the first is the one answers carry):
+    ``model.served_name``, else the job's ``model.name``, and the model directory's name."""
+    m = cfg.model
+    return list(dict.fromkeys([m.served_name or m.name, m.name, Path(model.location).name]))
 
 
 def job_setup_context(cfg: JobConfig, *, threads: int | None = None, online: bool = False) -> SetupContext:

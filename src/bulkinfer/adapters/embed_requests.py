@@ -24,6 +24,7 @@ class _Requests:
     spans: list[tuple[int, int]]  # each request's inputs in ``texts``
     encodings: list[str]
     tokens: list[int]
+    truncated: int = 0  # inputs cut to the model's token limit (model.truncate = true)
 
 
 class EmbeddingRequests(Adapter):
@@ -48,7 +49,7 @@ class EmbeddingRequests(Adapter):
                 url, body = batch_request(row)
                 if url != EMBEDDINGS:
                     raise BadRequest(f"url: this job's model makes embeddings; it answers {EMBEDDINGS}", "url")
-                inputs, encoding = embeddings_inputs(body, self.names)
+                inputs, encoding = embeddings_inputs(body, self.names, getattr(self.inner, "dimension", None))
             except BadRequest as exc:
                 rejected[pos] = exc
                 continue
@@ -57,9 +58,19 @@ class EmbeddingRequests(Adapter):
             texts.extend(inputs)
         if rejected:
             raise RowsRejected(rejected)
-        features = self.inner.preprocess(pa.table({self.inner.input_columns[0]: pa.array(texts, pa.string())}))
+        try:
+            features = self.inner.preprocess(pa.table({self.inner.input_columns[0]: pa.array(texts, pa.string())}))
+        except RowsRejected as exc:  # an input over the token limit: its request is refused, naming the input
+            owner = {t: (pos, t - a) for pos, (a, b) in enumerate(spans) for t in range(a, b)}
+            refused: dict[int, Exception] = {}
+            for t, err in sorted(exc.errors.items()):
+                pos, j = owner[t]
+                refused.setdefault(pos, BadRequest(f"input[{j}]: {err}", "input"))
+            raise RowsRejected(refused) from None
         costs = self.inner.cost(features)
-        return _Requests(features, spans, encodings, [sum(costs[a:b]) for a, b in spans])
+        requests = _Requests(features, spans, encodings, [sum(costs[a:b]) for a, b in spans])
+        requests.truncated = getattr(features, "truncated", 0)
+        return requests
 
     def cost(self, features: _Requests) -> Sequence[int]:
         return features.tokens

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ModelError
-from .base import Adapter, SetupContext
+from .base import Adapter, RowsRejected, SetupContext
 
 __all__ = ["TextEmbeddingAdapter", "is_sentence_transformers_dir"]
 
@@ -36,6 +36,7 @@ class _Layout:
     normalize: bool
     max_seq_length: int | None
     do_lower_case: bool
+    dimension: int | None = None  # the embedding's size (the pooling's word_embedding_dimension)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _read_layout(root: Path) -> _Layout:
     modules = _read_json(root / "modules.json")["modules"]
-    transformer_dir, pooling, normalize = root, "mean_tokens", False
+    transformer_dir, pooling, normalize, dimension = root, "mean_tokens", False, None
     for mod in modules:
         kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
         where = root / mod.get("path", "")
@@ -62,15 +63,19 @@ def _read_layout(root: Path) -> _Layout:
                     f"{where}: pooling {chosen or 'none'} is not supported; use one of {', '.join(_POOLING_MODES)}"
                 )
             pooling = chosen[0]
+            dimension = cfg.get("word_embedding_dimension")
         elif kind == "Normalize":
             normalize = True
         else:
             raise ModelError(f"{root}: module type {kind!r} is not supported by the text adapter")
     st_cfg_path = transformer_dir / "sentence_bert_config.json"
     st_cfg = _read_json(st_cfg_path) if st_cfg_path.is_file() else {}
+    if dimension is None and (transformer_dir / "config.json").is_file():
+        dimension = _read_json(transformer_dir / "config.json").get("hidden_size")
     return _Layout(
-        transformer_dir, pooling, normalize, st_cfg.get("max_seq_length"), bool(st_cfg.get("do_lower_case", False))
-    )
+        transformer_dir, pooling, normalize, st_cfg.get("max_seq_length"), bool(st_cfg.get("do_lower_case", False)),
+        int(dimension) if isinstance(dimension, int) else None,
+    )  # fmt: skip
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
@@ -90,6 +95,13 @@ def pool(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
     return summed / counts
 
 
+class TokenRows(list[list[int]]):
+    """Token ids per row, and how many rows were cut to the model's limit (``report.json``'s
+    ``rows_truncated``)."""
+
+    truncated: int = 0
+
+
 class TextEmbeddingAdapter(Adapter):
     """Embeds ``text_column`` with a sentence-transformers model directory."""
 
@@ -105,8 +117,10 @@ class TextEmbeddingAdapter(Adapter):
         cache_dir: str | None = None,
         int8_fp32_groups: Sequence[str] | None = None,
         tensorrt_rows: int | None = None,
+        refuse_overflow: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.refuse_overflow = refuse_overflow  # a text over max_seq_length: an error, not its first tokens
         self.tensorrt_rows = tensorrt_rows  # onnxruntime through TensorRT, for calls of up to this many rows
         self.int8_fp32_groups = list(int8_fp32_groups or [])
         if not is_sentence_transformers_dir(self.model_dir):
@@ -122,7 +136,7 @@ class TextEmbeddingAdapter(Adapter):
         self._tokenizer: Any = None
         self._engine: Any = None
         self.runs_on: str | None = None  # the engine and provider or device it ran on, once set up
-        self.dimension: int | None = None
+        self.dimension: int | None = self.layout.dimension
 
     def setup(self, ctx: SetupContext) -> None:
         from transformers import AutoTokenizer
@@ -171,16 +185,32 @@ class TextEmbeddingAdapter(Adapter):
         clean = [str(t)[:limit].strip() for t in texts]
         if self.layout.do_lower_case:
             clean = [t.lower() for t in clean]
-        enc = self._tokenizer(
+        limit = int(self.max_seq_length or 512)
+        enc = self._tokenizer(  # one token over the limit: the rows that reach it are the ones cut
             clean,
             truncation=True,
-            max_length=self.max_seq_length,
+            max_length=limit + 1,
             padding=False,
             return_attention_mask=False,
             return_token_type_ids=False,
         )
-        ids: list[list[int]] = enc["input_ids"]
+        ids = TokenRows(enc["input_ids"])
+        over = [i for i, seq in enumerate(ids) if len(seq) > limit]
+        if over and self.refuse_overflow:
+            raise RowsRejected({i: ValueError(self._over_limit(str(texts[i]), limit)) for i in over})
+        special = set(self._tokenizer.all_special_ids)
+        for i in over:  # what truncating at the limit gives: the first tokens (and the closing special token)
+            seq = ids[i]
+            ids[i] = seq[: limit - 1] + seq[-1:] if seq[-1] in special else seq[:limit]
+        ids.truncated = len(over)
         return ids
+
+    def _over_limit(self, text: str, limit: int) -> str:
+        n = len(self._tokenizer(text, truncation=False, return_attention_mask=False)["input_ids"])
+        return (
+            f"the text has {n} tokens, over the model's limit of {limit}; shorten it, or set model.truncate = true "
+            f"to embed its first {limit} tokens"
+        )
 
     def cost(self, features: Any) -> Sequence[int]:
         return [len(x) for x in features]

@@ -22,6 +22,10 @@ class ModelConfig(Section):
     """Feature columns in model order (tabular models); default: the model's feature_names_in_."""
     max_seq_length: int | None = Field(default=None, ge=1)
     """Truncate texts to this many tokens; default: the model's own max_seq_length."""
+    truncate: bool | None = None
+    """A text over the model's token limit: true embeds its first tokens; false refuses it (an error row,
+    a 400 answer); unset: a table job truncates (and counts the rows in report.json), an OpenAI request
+    (Batch file or online) is refused, as the API does."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of the adapter: a custom adapter's constructor arguments; for .onnx models
     {inputs = {onnx_input = "column"}, outputs = {onnx_output = "column"}}."""

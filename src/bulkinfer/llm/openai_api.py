@@ -197,11 +197,31 @@ def batch_request(row: Mapping[str, Any]) -> tuple[Any, Any]:
     return row["url"], body
 
 
-def embeddings_inputs(body: Any, model_names: Sequence[str]) -> tuple[list[str], str]:
-    """The texts of an embeddings request and the encoding it asks for (float or base64)."""
+EMBEDDINGS_FIELDS = ("input", "model", "dimensions", "encoding_format", "user")
+"""Every field of an OpenAI embeddings request (``openai.types.EmbeddingCreateParams``): each is
+honoured or refused by name, none is ignored (``user`` identifies the caller; it changes no result)."""
+
+
+def embeddings_inputs(body: Any, model_names: Sequence[str], dimension: int | None = None) -> tuple[list[str], str]:
+    """The texts of an embeddings request and the encoding it asks for (float or base64);
+    ``dimension``: the model's, which ``dimensions`` may only repeat (its vectors cannot be shortened)."""
     if not isinstance(body, Mapping):
         raise BadRequest("body: expected an object with input", "body")
+    unknown = [k for k in body if k not in EMBEDDINGS_FIELDS]
+    if unknown:
+        raise BadRequest(
+            f"{unknown[0]}: not a field of an embeddings request ({', '.join(EMBEDDINGS_FIELDS)})", unknown[0]
+        )
     _check_model(body, model_names)
+    if body.get("dimensions") is not None and body["dimensions"] != dimension:
+        size = f"have {dimension} dimensions" if dimension else "have the model's own size"
+        raise BadRequest(
+            f"dimensions: this model's embeddings {size} and cannot be shortened; omit dimensions"
+            + (f" or give {dimension}" if dimension else ""),
+            "dimensions",
+        )
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise BadRequest("user: expected a string", "user")
     texts = body.get("input")
     if isinstance(texts, str):
         texts = [texts]

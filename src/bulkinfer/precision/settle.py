@@ -67,6 +67,8 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     model = resolve_model(cfg)
     if online and model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
         cfg = _update(cfg, "source", format="openai-batch")
+    if online and model.kind == "text-embedding" and cfg.model.truncate is None:
+        cfg = _update(cfg, "model", truncate=False)  # a request over the token limit is a 400, as the API has it
     if online and model.kind == "text-embedding" and not cfg.model.text_column:
         log.info("no --text-column: /v1/predict rows carry their text in 'input' (/v1/embeddings needs none)")
         cfg = _update(cfg, "model", text_column="input")

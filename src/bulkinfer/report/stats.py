@@ -37,6 +37,7 @@ class RunStats:
     rows_failed: int = 0
     rows_reused: int = 0  # results taken from the previous output (incremental)
     rows_deduplicated: int = 0  # results copied from an identical row (dedupe)
+    rows_truncated: int = 0  # texts cut to the model's token limit (model.truncate)
     shards_planned: int = 0
     shards_already_done: int = 0
     shards_committed: int = 0
@@ -91,6 +92,11 @@ class RunStats:
             self.rows_reused += previous
             self.rows_deduplicated += deduplicated
 
+    def add_truncated(self, rows: int) -> None:
+        if rows:
+            with self._lock:
+                self.rows_truncated += rows
+
     def add_route(self, route: str, rows: int) -> None:
         with self._lock:
             self.routes[route] = self.routes.get(route, 0) + rows
@@ -115,6 +121,7 @@ class RunStats:
                 "batch_sizes": dict(self.batch_sizes),
                 "rows_reused": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
+                "rows_truncated": self.rows_truncated,
             }
 
     def merge(self, figures: dict[str, Any]) -> None:
@@ -130,6 +137,7 @@ class RunStats:
             self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
             self.rows_reused += figures.get("rows_reused", 0)
             self.rows_deduplicated += figures.get("rows_deduplicated", 0)
+            self.rows_truncated += figures.get("rows_truncated", 0)
 
     def mark_running(self) -> None:
         """The model is set up: throughput is measured from here."""
@@ -157,6 +165,7 @@ class RunStats:
             "rows_in": self.rows_in,
             "rows_out": self.rows_out,
             "rows_failed": self.rows_failed,
+            "rows_truncated": self.rows_truncated,
             "shards": {
                 "planned": self.shards_planned,
                 "already_done": self.shards_already_done,

@@ -151,32 +151,38 @@ class LocalRunner:
         return self.row_filter is None or row in self.row_filter
 
     def _preprocess(self, shard: Shard, rows: np.ndarray, table: pa.Table) -> tuple[Any, np.ndarray, list[ErrorRecord]]:
-        """Features of the window's good rows, their positions, and error records for the bad ones."""
-        positions = np.arange(table.num_rows)
-        failed: list[tuple[int, BaseException]] | None = None
-        try:
-            return self.adapter.preprocess(table), positions, []
-        except BulkinferError:
-            raise
-        except RowsRejected as rejected:  # the adapter named its bad rows: no bisection
-            failed = sorted(rejected.errors.items())
-        except Exception:
-            pass
-        if failed is None:
-            _ok, failed = bisect_call(
-                positions, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))), known_bad=True
-            )
-        bad = {pos for pos, _exc in failed}
+        """Features of the window's good rows, their positions, and error records for the bad ones.
+        An adapter may name its bad rows (``RowsRejected``) on any pass, the rows left included;
+        any other failure is bisected to the rows that cause it."""
+        good = np.arange(table.num_rows)
+        failed: list[tuple[int, BaseException]] = []
+        while len(good):
+            try:
+                features = self.adapter.preprocess(table if len(good) == table.num_rows else table.take(pa.array(good)))
+                break
+            except BulkinferError:
+                raise
+            except RowsRejected as rejected:  # the adapter named its bad rows: no bisection
+                named: list[tuple[int, BaseException]] = [(int(good[i]), e) for i, e in rejected.errors.items()]
+            except Exception:
+                _ok, bisected = bisect_call(
+                    good, lambda idx: self.adapter.preprocess(table.take(pa.array(idx))), known_bad=True
+                )
+                named = [(int(pos), exc) for pos, exc in bisected]
+                if not named:  # no row fails alone: the call itself does, and says why
+                    features = self.adapter.preprocess(table.take(pa.array(good)))
+                    break
+            failed += named
+            bad = {pos for pos, _exc in named}
+            good = np.array([p for p in good if p not in bad], dtype=np.int64)
+        else:
+            features = None
+        id_column = self.cfg.source.id_column
         errors = [
-            ErrorRecord.of(
-                shard.uri, int(rows[pos]), "preprocess", exc, row_id=row_id(table, pos, self.cfg.source.id_column)
-            )
-            for pos, exc in failed
+            ErrorRecord.of(shard.uri, int(rows[pos]), "preprocess", exc, row_id=row_id(table, pos, id_column))
+            for pos, exc in sorted(failed, key=lambda f: f[0])
         ]
-        good = np.array([p for p in positions if p not in bad], dtype=np.int64)
-        if len(good) == 0:
-            return None, good, errors
-        return self.adapter.preprocess(table.take(pa.array(good))), good, errors
+        return features, good, errors
 
     def _batches(self, shard: Shard, features: Any, good: np.ndarray) -> list[Batch]:
         items: list[Batch] = []
@@ -218,6 +224,7 @@ class LocalRunner:
                 features, good, pre_errors = (
                     self._preprocess(shard, sub_rows, sub) if sub.num_rows else (None, np.empty(0, np.int64), [])
                 )
+                self.stats.add_truncated(getattr(features, "truncated", 0))
                 if reuse.compute is not None:
                     good = reuse.compute[good]  # positions in the window, as the assembly expects
                 items = self._batches(shard, features, good) if len(good) else []

@@ -25,11 +25,11 @@ async def embeddings(server: Server, request: Request) -> Response:
         raise ApiError(404, "this model makes no embeddings; use POST /v1/predict", "not_found")
     body = await read_body(request, server.sv.max_body_bytes)
     try:
-        texts, fmt = embeddings_inputs(body, ())  # serve answers whatever model name the client sends
-    except BadRequest as exc:
-        raise ApiError(422, str(exc), "invalid_request") from None
+        texts, fmt = embeddings_inputs(body, server.model_names, getattr(server.adapter, "dimension", None))
+    except BadRequest as exc:  # as a Batch file's line with the same body is refused: a 400 naming the field
+        raise ApiError(400, str(exc), "invalid_request") from None
     text_column = server.adapter.input_columns[0]
     table = server.check_rows([{text_column: t} for t in texts])
-    answer = await server.infer(table)
+    answer = await server.infer(table, rows="input")
     matrix = to_numpy_column(answer.columns["embedding"]).astype(np.float32, copy=False)
-    return JSONResponse(embeddings_body(matrix, body.get("model") or server.name, answer.tokens or 0, fmt))
+    return JSONResponse(embeddings_body(matrix, server.model_names[0], answer.tokens or 0, fmt))

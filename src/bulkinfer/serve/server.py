@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..adapters import RowsRejected, job_setup_context
+from ..adapters import RowsRejected, job_setup_context, served_names
 from ..config import JobConfig
 from ..core.errors import BulkinferError
 from ..core.records import withheld
@@ -43,6 +43,7 @@ class Server:
         settled = settle(cfg, online=True)
         cfg = self.cfg = settled.cfg
         self.model, self.adapter = settled.model, settled.adapter
+        self.model_names = served_names(cfg, self.model)  # what an OpenAI request's model may say
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
         self.metrics = ServeMetrics()
         self.batcher: Batcher | None = None
@@ -108,7 +109,9 @@ class Server:
             rows, self.adapter.input_columns, self.model.kind, self.passthrough, self.sv.max_rows_per_request
         )
 
-    async def infer(self, table: pa.Table) -> Answer:
+    async def infer(self, table: pa.Table, rows: str = "rows") -> Answer:
+        """The model's answer for ``table``'s rows; a row the model refuses is a 400 naming it
+        (``rows``: what the request calls its rows, ``input`` for /v1/embeddings)."""
         batcher = self.ready_batcher()
         try:
             future = batcher.submit(table)
@@ -119,8 +122,9 @@ class Server:
         try:
             return await asyncio.wrap_future(future)
         except RowsRejected as exc:  # the request's own fault (its prompt is over the context...)
-            (error,) = exc.errors.values()
-            raise ApiError(400, str(error), "invalid_request") from None
+            pos, error = min(exc.errors.items())
+            where = f"{rows}[{pos}]: " if table.num_rows > 1 or rows != "rows" else ""
+            raise ApiError(400, f"{where}{error}", "invalid_request") from None
         except BulkinferError as exc:
             refused = withheld(str(exc), type(exc).__name__)
             raise ApiError(422, f"the model refused this request: {refused}", "model_error") from None
