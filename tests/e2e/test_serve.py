@@ -125,7 +125,10 @@ def test_concurrent_clients_are_merged_into_batches(text_server):
         with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http:
             for i in range(50):
                 k = (c * 50 + i) % len(texts)
-                r = http.post(f"{server.url}/v1/embeddings", json={"input": texts[k], "encoding_format": "float"})
+                r = http.post(
+                    f"{server.url}/v1/embeddings",
+                    json={"model": "minilm", "input": texts[k], "encoding_format": "float"},
+                )
                 assert r.status_code == 200, r.text
                 vec = np.array(r.json()["data"][0]["embedding"])
                 worst.append(float(vec @ ref[k] / np.linalg.norm(vec)))
@@ -182,7 +185,7 @@ def test_results_answer_from_the_offline_run_or_live(text_server):
     )
     assert live.status_code == 200 and live.json()["answered_by"] == "live"
     assert live.json()["row"]["id"] == 4000
-    direct = _post(f"{server.url}/v1/embeddings", {"input": "red shoes", "encoding_format": "float"})
+    direct = _post(f"{server.url}/v1/embeddings", {"model": "minilm", "input": "red shoes", "encoding_format": "float"})
     assert np.allclose(live.json()["row"]["embedding"], direct.json()["data"][0]["embedding"], atol=1e-6)
 
 

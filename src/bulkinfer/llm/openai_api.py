@@ -237,6 +237,8 @@ def _check_model(body: Mapping[str, Any], names: Sequence[str]) -> None:
     if not names:
         return
     model = body.get("model")
+    if model is None:
+        raise BadRequest(f"model: missing; this job runs {names[0]!r} (as the API, a request names its model)", "model")
     if model not in names:
         raise BadRequest(
             f"model: this job runs {names[0]!r}; the request asks for {model!r}",
