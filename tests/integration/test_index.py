@@ -249,3 +249,16 @@ def test_an_output_smaller_than_k_is_indexed_with_full_recall(items, tmp_path, k
     out, *_ = items([list(x) for x in v], name="small")
     report = build_index(out, tmp_path / f"small-{kind}.index", IndexSpec(kind=kind, k=10, queries=5), 0.99)
     assert report.vectors == 5 and report.recall == 1.0
+
+
+def test_ivf_pq_on_a_small_output_says_it_once_instead_of_faiss_printing_a_line_per_k_means(items, tmp_path):
+    """Faiss prints 'WARNING clustering ... please provide at least ... training points' for every
+    k-means it runs short of points (one per sub-quantizer: hundreds of lines); bulkinfer says it
+    in one line and the parameters read as name=value, not a Python dict."""
+    items([list(x) for x in vectors()[:200]], name="small")  # 200 vectors: under what 16 PQ codes want
+    proc = cli("index", "small", "-o", "items.index", "--kind", "ivf-pq", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING clustering" not in proc.stderr and "{" not in proc.stdout
+    (line,) = [x for x in proc.stderr.splitlines() if "ivf-pq trains on" in x]
+    assert line.startswith("bulkinfer: ivf-pq trains on 200 vectors, under the ~") and "measured recall" in line
+    assert re.search(r"ivf-pq \(cosine, \d+ dims, nlist=\d+, pq_m=\d+, nbits=\d+, nprobe=\d+\)", proc.stdout)

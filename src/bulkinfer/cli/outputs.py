@@ -98,7 +98,7 @@ def index(
     _prepare(quiet)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from ..outputs.index import IndexSpec, build_index
+    from ..outputs.index import IndexSpec, build_index, describe_params
 
     if kind not in ("flat", "hnsw", "ivf-pq") or metric not in ("cosine", "ip", "l2"):
         typer.echo("bulkinfer: error: --kind is flat, hnsw or ivf-pq; --metric is cosine, ip or l2", err=True)
@@ -123,7 +123,8 @@ def index(
         typer.echo(json.dumps(asdict(report), indent=1))
         return
     typer.echo(
-        f"wrote {report.index}: {report.kind} ({report.metric}, {report.dim} dims, {report.params}), "
+        f"wrote {report.index}: {report.kind} ({report.metric}, {report.dim} dims, "
+        f"{describe_params(report.params)}), "
         f"{report.vectors} vectors, {report.index_bytes / 2**20:.1f} MiB, built in {report.build_s:.1f} s"
     )
     typer.echo(
