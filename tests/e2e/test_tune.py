@@ -24,7 +24,15 @@ def test_tune_picks_a_gate_passing_candidate_and_writes_a_runnable_job(tmp_path)
     assert "wrote job.tuned.toml" in proc.stdout
     table = proc.stderr
     assert "<- chosen" in table and "FAIL" in table  # int8 cannot meet a 0.9999 floor
+    # each candidate once (in the table), its engine named whole
+    rows = [line for line in table.splitlines() if "│ torch " in line or "│ onnxruntime " in line]
+    assert len(rows) == 6 and "…" not in table and "onnxrunti " not in table
+    assert sum("torch" in line for line in table.splitlines()) == 2  # torch fp32 at batch 8 and 12, nothing else
+    # the tuned job holds the job's own settings and what tune chose, nothing left at its default
+    text = (tmp_path / "job.tuned.toml").read_text()
+    assert len(text.splitlines()) < 25 and "[cost]" not in text and "[serve]" not in text
     tuned = load_config(tmp_path / "job.tuned.toml")
+    assert set(tuned.runtime.model_fields_set) <= {"quality_floor", "engine", "precision", "batch_size", "threads"}
     assert (tuned.runtime.engine, tuned.runtime.precision) != ("onnxruntime", "int8")
     assert tuned.runtime.batch_size in (8, 12) and tuned.model.text_column == "description"
     chosen = proc.stdout.split("chosen: ")[1]

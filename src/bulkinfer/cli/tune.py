@@ -68,7 +68,9 @@ def tune(
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
     overrides = {"source.paths": input or None, "model.name": model, "model.text_column": text_column}
+    status = console.status("tune: measuring")  # progress on a terminal; the table below lists each candidate once
     try:
+        status.start()
         cfg = load_config(config, overrides, set_)
         sizes = tuple(int(x) for x in (batch_sizes or "").split(",") if x.strip())
         pairs = tuple(tuple(c.strip().split("/", 1)) for c in (candidates or "").split(",") if c.strip())
@@ -78,29 +80,28 @@ def tune(
             sizes or None,
             precisions=pairs or None,  # type: ignore[arg-type]
             int8_search=int8_search,
-            on_candidate=lambda c: console.print(
-                f"  {c.engine:12s} {c.precision:5s} batch {c.batch_size:3d} threads {c.threads} x{c.processes}: "
-                + (f"{c.rows_per_s} rows/s" if c.rows_per_s else c.note or "skipped")
-            ),
+            on_candidate=lambda c: status.update(f"tune: measured {c.engine} {c.precision} batch {c.batch_size}"),
         )
     except BulkinferError as exc:
         raise _fail(exc) from None
     except ValueError:
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
+    finally:
+        status.stop()
     from ..core.hardware import isa_key
 
     table = Table(title=f"bulkinfer tune: {result.sample_rows} rows of the job's input on {isa_key()}")
     columns = ["engine", "precision", "batch", "threads", "processes", "rows/s", "mean cosine", "top-10 overlap",
                "gate", ""]  # fmt: skip
-    for col in columns:
-        table.add_column(col)
+    for col in columns:  # names are never cut: the other columns wrap first
+        table.add_column(col, no_wrap=col in ("engine", "precision", "rows/s", "gate"))
     for c in result.candidates:
         q = c.quality or {}
         table.add_row(
             c.engine,
             c.precision + (f" ({_kept(c.int8_fp32_groups)} fp32)" if c.int8_fp32_groups else ""),
-            str(c.batch_size),
-            str(c.threads),
+            str(c.batch_size) if c.batch_size else "-",  # a candidate not measured here (emulated) has none
+            str(c.threads) if c.batch_size else "-",
             str(c.processes) + (f" ({c.cpu_per_wall} CPU s/s)" if c.cpu_per_wall is not None else ""),
             str(c.rows_per_s or "-"),
             str(q.get("mean_cosine", "1 (fp32)" if c.precision == "fp32" else "-")),

@@ -3,7 +3,7 @@ keep the fastest one that passes the quality gate.
 
 Candidates are engine x precision x batch size (x intra-op threads when the machine has
 more than two CPUs). Each engine/precision is set up once, gated against fp32 on the
-sample, then timed at every batch size after a warm-up batch. An int8 that fails the gate
+sample, then timed at every batch size after a warm-up pass over the same sample. An int8 that fails the gate
 whole is searched for the fewest transformer blocks to keep in fp32 (the job's gate does
 the same), and that partial int8 is the candidate measured. The result is a tuned config
 (the job's own, with ``runtime`` changed) and a table of every candidate.
@@ -187,7 +187,10 @@ def tune(
                 c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note,
                               int8_fp32_groups=groups)  # fmt: skip
                 if passed:
-                    run_adapter(adapter, sample.slice(0, bs), bs)  # warm-up at this shape
+                    # warm-up: the whole sample once at this batch size, so every shape the timed pass
+                    # meets was seen (torch builds its kernels per shape: one warm batch left the first
+                    # sizes measured cold, their figures rising with the order they were measured in)
+                    run_adapter(adapter, sample, bs)
                     t0 = time.perf_counter()
                     run_adapter(adapter, sample, bs)
                     c.rows_per_s = round(sample.num_rows / (time.perf_counter() - t0), 1)
@@ -435,9 +438,10 @@ def _toml_value(value: Any) -> str:
 
 
 def to_toml(cfg: JobConfig, header: str = "") -> str:
-    """The config as TOML, one section per concern (fields left at None are omitted)."""
+    """The config as TOML, one section per concern: the fields the job set and the ones tune
+    chose, nothing left at its default (fields at None are omitted too)."""
     lines = [f"# {line}" for line in header.splitlines()]
-    for section, values in cfg.model_dump(mode="json").items():
+    for section, values in cfg.model_dump(mode="json", exclude_unset=True).items():
         tables = values if isinstance(values, list) else [values]  # [[export]] is an array of tables
         for table in tables:
             lines.append(f"\n[[{section}]]" if isinstance(values, list) else f"\n[{section}]")
