@@ -107,6 +107,11 @@ class Charts:
                 keys = list(qs)
                 ax.plot(keys, [qs[k] for k in keys], marker="o", color=color, linewidth=1.8, markersize=4)
         ax.set_ylabel("value", fontsize=9)
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # never "1e-7+1" over ticks of -0.5..0.5
+        values = [v for qs in series.values() if qs for v in qs.values()]
+        if values and max(values) - min(values) <= 1e-6 * max(abs(max(values)), 1e-12):
+            mid = (max(values) + min(values)) / 2  # a flat profile (unit-norm vectors): a flat line at its value
+            ax.set_ylim(mid - max(abs(mid) * 0.05, 1e-9), mid + max(abs(mid) * 0.05, 1e-9))
         ax.set_title(title, fontsize=11, loc="left")
         return self.svg(fig, title)
 

@@ -123,20 +123,19 @@ def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     out = [_section("Summary", _summary(run), "summary")]
 
     timeline = r.get("timeline") or []
-    if len(timeline) >= 2:
-        xs, ys = [], []
-        for (t0, n0), (t1, n1) in itertools.pairwise(timeline):
-            if t1 > t0:
-                xs.append(round(t1, 2))
-                ys.append((n1 - n0) / (t1 - t0))
+    xs, ys = [], []
+    for (t0, n0), (t1, n1) in itertools.pairwise(timeline[1:]):  # from the first commit: set-up is not throughput
+        if t1 > t0:
+            xs.append(round(t1, 2))
+            ys.append((n1 - n0) / (t1 - t0))
+    if len(xs) >= 2:  # a line needs two points; one would be a dot that says less than the mean below
         svg = charts.line(xs, ys, "Throughput over time", "seconds since the run started", "rows/s")
-        out.append(
-            _section(
-                "Throughput",
-                _chart(svg, f"Rows written per second between commits; mean {num(r['rows_per_s'])} rows/s."),
-                "throughput",
-            )
-        )
+        body = _chart(svg, f"Rows written per second between commits; mean {num(r['rows_per_s'])} rows/s.")
+    else:
+        commits = max(len(timeline) - 1, 0)
+        body = f"<p>{commits} commit(s): too few to chart the rate over time; the run's mean is " \
+               f"{num(r['rows_per_s'])} rows/s.</p>"  # fmt: skip
+    out.append(_section("Throughput", body, "throughput"))
     shares = r.get("time_share", {})
     stage_svg = charts.bars(list(shares), [100 * v for v in shares.values()], "Busy time per stage", unit="%")
     stage_rows = [(s, r["time_s"][s], 100 * shares[s]) for s in shares]
@@ -205,7 +204,13 @@ def _stats_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
             if k in col
         ]
         chart = ""
-        if kind == "label" and col.get("classes"):
+        constant = (kind == "label" and len(col.get("classes") or {}) == 1) or (
+            kind == "number" and col.get("quantiles") and col.get("min") == col.get("max")
+        )
+        if constant:  # one value in every row (completion_tokens of an embedding job): said, not charted
+            value = next(iter(col["classes"])) if kind == "label" else num(col.get("min"))
+            chart = f"<p>Every row holds {html.escape(str(value))}: nothing to chart.</p>"
+        elif kind == "label" and col.get("classes"):
             classes = dict(list(col["classes"].items())[:20])
             total = sum(col["classes"].values()) or 1
             chart = _chart(
