@@ -265,3 +265,39 @@ def test_the_readme_export_example_runs(job, redis_server, postgres_server):
     assert np.frombuffer(r.get(f"emb:{version}:3"), dtype=np.float32).tolist() == expected_vector(3).tolist()
     with postgres_server.connect() as c:
         assert c.execute(f"SELECT count(*) FROM {exports[1]['table']}").fetchone()[0] == 250
+
+
+def test_postgres_checks_the_whole_existing_table_before_any_row_and_points_at_the_setting(job, postgres_server):
+    """An existing real[] column refused for a pgvector output names vector = 'array' (which then
+    writes into it); a NOT NULL column without a default that the output lacks is refused before
+    any row is sent, not at COPY time."""
+    arrays, strict = _table(), _table()
+    with postgres_server.connect() as c:
+        c.execute(f"CREATE TABLE {arrays} (id bigint PRIMARY KEY, embedding real[], score double precision)")
+        c.execute(f"CREATE TABLE {strict} (id bigint PRIMARY KEY, embedding vector(4), score double precision, "
+                  "team text NOT NULL, at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    spec = {"kind": "postgres", "dsn": postgres_server.dsn}
+    with pytest.raises(OutputError, match=r"column 'embedding' is real\[\] in the table but the output has "
+                                          r"vector\(4\); set vector = 'array' to write real\[\] into it"):  # fmt: skip
+        run_job(job("out1", export=[{**spec, "table": arrays}]))
+    run_job(job("out2", export=[{**spec, "table": arrays, "vector": "array"}]))
+    with postgres_server.connect() as c:
+        assert c.execute(f"SELECT count(*) FROM {arrays}").fetchone()[0] == 250
+    with pytest.raises(OutputError, match=r"the table's column 'team' is NOT NULL without a default and the output "
+                                          r"has no such column"):  # fmt: skip
+        run_job(job("out3", export=[{**spec, "table": strict}]))
+
+
+def test_postgres_refusing_rows_quotes_them_only_without_redact(job, postgres_server):
+    """A row the table refuses (a CHECK constraint): PostgreSQL's error quotes the row; under
+    execution.redact the job's error withholds it."""
+    table = _table()
+    with postgres_server.connect() as c:
+        c.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, embedding vector(4), "
+                  "score double precision CHECK (score < 0.1))")  # fmt: skip
+    spec = [{"kind": "postgres", "dsn": postgres_server.dsn, "table": table}]
+    with pytest.raises(OutputError, match="Failing row contains"):
+        run_job(job("plain", export=spec))
+    with pytest.raises(OutputError) as err:
+        run_job(job("hidden", export=spec, **{"execution.redact": True}))
+    assert "Failing row" not in str(err.value) and "the message is withheld: execution.redact" in str(err.value)

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError, OutputError
 from ..core.faults import crash_point
+from ..core.records import withheld
 from .exports import is_vector, retrying, value_columns, vectors
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ class PostgresTarget:
         try:
             retrying(lambda: self._write_once(part, table), what, self._errors, on_retry=self._reconnect)
         except psycopg.Error as exc:  # not a connection problem: the server refused the rows
-            raise OutputError(f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
+            why = withheld(" ".join(str(exc).split())[:300], type(exc).__name__)  # it may quote a row's values
+            raise OutputError(f"{what}: {type(exc).__name__}: {why}") from exc
 
     def complete(self) -> None:
         pass  # each part is visible once its transaction commits; nothing is switched at the end
@@ -209,19 +211,38 @@ class PostgresTarget:
             defs = ", ".join(f"{_ident(n)} {t}{' PRIMARY KEY' if n == key else ''}" for n, t in wanted)
             self.conn.execute(f"CREATE TABLE IF NOT EXISTS {_ident(self.spec.table)} ({defs})")
         else:
-            have = dict(found)
-            for n, t in wanted:
-                if n not in have:
-                    raise OutputError(
-                        f"{self.name}: the table exists without column {n!r} ({t}); add it, drop the table, "
-                        "or choose another table"
-                    )
-                if _base(have[n]) != _base(t):
-                    raise OutputError(
-                        f"{self.name}: column {n!r} is {have[n]} in the table but the output has {t}; "
-                        "drop the table or choose another"
-                    )
+            self._check_table(dict(found), wanted)
         self.columns = wanted
+
+    def _check_table(self, have: dict[str, str], wanted: list[tuple[str, str]]) -> None:
+        """The whole existing table against what the export writes, before any row is sent: every
+        column the output has, of a type it can take (a vector's storage named with the setting that
+        matches it), and no column the rows would leave empty that may not be (NOT NULL, no default)."""
+        for n, t in wanted:
+            if n not in have:
+                raise OutputError(
+                    f"{self.name}: the table exists without column {n!r} ({t}); add it, drop the table, "
+                    "or choose another table"
+                )
+            if _base(have[n]) != _base(t):
+                hint = "drop the table or choose another"
+                if _base(have[n]) in ("real[]", "double precision[]") and t.startswith("vector"):
+                    hint = "set vector = 'array' to write real[] into it, or drop the table"
+                elif have[n].startswith("vector") and t == "real[]":
+                    hint = "set vector = 'pgvector' (pgvector on the server) to write into it, or drop the table"
+                raise OutputError(f"{self.name}: column {n!r} is {have[n]} in the table but the output has {t}; {hint}")
+        required = self.conn.execute(
+            "SELECT a.attname FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND "
+            "d.adnum = a.attnum WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND a.attnotnull AND d.adbin IS NULL AND a.attidentity = '' AND a.attgenerated = ''",
+            (_ident(self.spec.table),),
+        ).fetchall()
+        missing = [r[0] for r in required if r[0] not in dict(wanted)]
+        if missing:
+            raise OutputError(
+                f"{self.name}: the table's column {missing[0]!r} is NOT NULL without a default and the output "
+                "has no such column; give it a default, drop the NOT NULL, or choose another table"
+            )
 
     def _sql_type(self, col: pa.ChunkedArray, t: pa.DataType) -> str:
         if is_vector(col):
