@@ -153,3 +153,23 @@ def tiny_st_model(model: Path, minilm_path: Path) -> Path:
     pooling = json.loads((model / "1_Pooling" / "config.json").read_text())
     (model / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
     return model
+
+
+def race(n: int, attempt) -> list[object]:
+    """``attempt(i)`` in ``n`` threads released at once: each one's result or exception."""
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = attempt(i)
+        except Exception as exc:  # what each loser raised is checked by the caller
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -20,7 +20,7 @@ import pytest
 
 from bulkinfer import LockedError, OutputError, load_config, run_job
 
-from helpers import BULKINFER, write
+from helpers import BULKINFER, race, write
 
 MODEL = """
 import os
@@ -388,26 +388,6 @@ def test_inputs_on_a_store_the_environment_does_not_name_are_read_with_source_st
     assert "Traceback" not in proc.stderr
 
 
-def _race(n: int, attempt) -> list[object]:
-    """``attempt(i)`` in ``n`` threads released at once: each one's result or exception."""
-    barrier = threading.Barrier(n)
-    results: list[object] = [None] * n
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = attempt(i)
-        except Exception as exc:  # what each loser raised is checked by the caller
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 def test_writers_racing_for_one_commit_record_exactly_one_wins(s3_server):
     """Eight runs commit the same row range at the same instant (a takeover gone wrong, a
     duplicated worker): the store's conditional create lets exactly one record exist."""
@@ -419,7 +399,7 @@ def test_writers_racing_for_one_commit_record_exactly_one_wins(s3_server):
     bucket = s3_server.bucket(f"b{uuid.uuid4().hex[:10]}")
     ledgers = [ObjectLedger(ObjectStore(f"s3://{bucket}/out", s3_server.options)) for _ in range(8)]
     record = [Commit(3, 0, 50, f"part-00003-{i}.parquet", 50, 100, f"{i:064d}") for i in range(8)]
-    results = _race(8, lambda i: ledgers[i].commit(record[i]))
+    results = race(8, lambda i: ledgers[i].commit(record[i]))
     won = [i for i, r in enumerate(results) if isinstance(r, Commit)]
     assert len(won) == 1 and all(isinstance(r, LedgerError) for i, r in enumerate(results) if i != won[0])
     (kept,) = ledgers[0].commits()
@@ -437,7 +417,7 @@ def test_runs_racing_to_take_over_a_dead_runs_lease_exactly_one_wins(s3_server):
     dead = {"pid": 1, "host": "elsewhere", "run": "dead", "since": 0, "renewed": time.time() - 2 * LEASE_S}
     assert store.put_new("_bulkinfer/lock", json.dumps(dead).encode()) is not None
     ledgers = [ObjectLedger(ObjectStore(f"s3://{bucket}/out", s3_server.options)) for _ in range(6)]
-    results = _race(6, lambda i: ledgers[i].acquire())
+    results = race(6, lambda i: ledgers[i].acquire())
     try:
         won = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
         assert len(won) == 1 and all(isinstance(r, LockedError) for i, r in enumerate(results) if i != won[0])

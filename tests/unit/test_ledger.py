@@ -12,6 +12,8 @@ from bulkinfer.core.errors import JobMismatchError, LedgerError, LockedError
 from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
 
+from helpers import race
+
 
 def _part(i: int) -> Part:
     return Part(name=f"part-{i:05d}.parquet", rows=10 + i, bytes=100, sha256="ab" * 32)
@@ -102,27 +104,10 @@ def test_remove_uncommitted_keeps_only_vouched_parts(tmp_path):
 def test_runs_racing_for_a_folders_lock_left_by_a_dead_run_exactly_one_wins(tmp_path):
     """The lock file names a run that died (its flock died with it); eight runs start at once:
     one holds the lock and records whom it took over from, seven are refused."""
-    import threading
-
     (tmp_path / "_bulkinfer").mkdir()
     (tmp_path / "_bulkinfer" / "lock").write_text("pid 1 on elsewhere")
     ledgers = [Ledger(tmp_path) for _ in range(8)]
-    barrier = threading.Barrier(8)
-    results: list[object] = [None] * 8
-
-    def take(i: int) -> None:
-        barrier.wait()
-        try:
-            ledgers[i].acquire()
-            results[i] = "held"
-        except LockedError as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = [r if isinstance(r, Exception) else "held" for r in race(8, lambda i: ledgers[i].acquire())]
     won = [i for i, r in enumerate(results) if r == "held"]
     assert len(won) == 1 and sum(isinstance(r, LockedError) for r in results) == 7
     assert ledgers[won[0]].took_over_from == "pid 1 on elsewhere"

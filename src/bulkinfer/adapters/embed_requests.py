@@ -68,9 +68,8 @@ class EmbeddingRequests(Adapter):
                 refused.setdefault(pos, BadRequest(f"input[{j}]: {err}", "input"))
             raise RowsRejected(refused) from None
         costs = self.inner.cost(features)
-        requests = _Requests(features, spans, encodings, [sum(costs[a:b]) for a, b in spans])
-        requests.truncated = getattr(features, "truncated", 0)
-        return requests
+        tokens = [sum(costs[a:b]) for a, b in spans]
+        return _Requests(features, spans, encodings, tokens, getattr(features, "truncated", 0))
 
     def cost(self, features: _Requests) -> Sequence[int]:
         return features.tokens

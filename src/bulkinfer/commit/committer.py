@@ -159,9 +159,7 @@ def commit_or_withdraw(
     except BaseException:
         try:
             written = record in ledger.commits()
-        except (
-            Exception
-        ):  # the ledger cannot be read either: the next run decides (it removes what no line vouches for)
+        except Exception:  # the ledger cannot be read either: the next run decides what no line vouches for
             written = True
         if not written:
             sink.withdraw(staged, published)

@@ -133,8 +133,10 @@ def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
         body = _chart(svg, f"Rows written per second between commits; mean {num(r['rows_per_s'])} rows/s.")
     else:
         commits = max(len(timeline) - 1, 0)
-        body = f"<p>{commits} commit(s): too few to chart the rate over time; the run's mean is " \
-               f"{num(r['rows_per_s'])} rows/s.</p>"  # fmt: skip
+        body = (
+            f"<p>{commits} commit(s): too few to chart the rate over time; the run's mean is "
+            f"{num(r['rows_per_s'])} rows/s.</p>"
+        )
     out.append(_section("Throughput", body, "throughput"))
     shares = r.get("time_share", {})
     stage_svg = charts.bars(list(shares), [100 * v for v in shares.values()], "Busy time per stage", unit="%")
