@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import ResolvedModel
+from .adapters import Adapter, ResolvedModel
 from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .commit.finish import finish
 from .commit.ledger import Ledger, OutputLedger, failed_rows
@@ -89,22 +89,41 @@ def prepare(cfg: JobConfig) -> Prepared:
     return settled
 
 
-def run_job(cfg: JobConfig, *, stop: threading.Event | None = None, retry_errors: bool = False) -> RunResult:
+def run_job(
+    cfg: JobConfig,
+    *,
+    stop: threading.Event | None = None,
+    retry_errors: bool = False,
+    model: Adapter | None = None,
+    on_commit: Callable[[RunStats], None] | None = None,
+) -> RunResult:
     """Run (or resume) the job ``cfg`` describes; return when every shard is committed.
 
     Raises a :class:`~bulkinfer.core.errors.BulkinferError` on failure, ``Interrupted`` when
     stopped by a signal or by ``stop``: rerunning the same job resumes it. With
     ``retry_errors``, only the rows recorded in ``_errors/`` run again (after the cause
     was fixed); those that succeed leave ``_errors/``, those that fail again stay.
+    ``model``: an adapter the caller set up already, for the model ``cfg`` settles to (the
+    batch service's jobs share the server's model); the job uses it instead of building its
+    own, and neither sets it up again nor closes it. ``on_commit`` sees the run's counters
+    after each commit.
     """
     stop = stop or threading.Event()
     with _signals(stop):  # from the start: a signal while the model loads or the plan is made exits 75 too
-        return _run_job(cfg, stop, retry_errors)
+        return _run_job(cfg, stop, retry_errors, model, on_commit)
 
 
-def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunResult:
+def _run_job(
+    cfg: JobConfig,
+    stop: threading.Event,
+    retry_errors: bool,
+    model: Adapter | None,
+    on_commit: Callable[[RunStats], None] | None,
+) -> RunResult:
     redact(cfg.execution.redact)
     job = prepare(cfg)
+    if model is not None:
+        job = Prepared(job.cfg, job.model, model)
     baseline = load_baseline(job.cfg.monitor.baseline)
     sink = make_sink(job.cfg)
     sink.start()
@@ -125,7 +144,8 @@ def _run_job(cfg: JobConfig, stop: threading.Event, retry_errors: bool) -> RunRe
                 target.start(plan, job.cfg.passthrough_columns)
             done = execute(
                 job, plan, ledger, sink, stats, committed, stop, exports, route_targets,
-                retry_errors=retry_errors, on_commit=guard.check,
+                retry_errors=retry_errors,
+                on_commit=guard.check if on_commit is None else _both(guard.check, lambda: on_commit(stats)),
             )  # fmt: skip
             if done:
                 for target in every_target:

@@ -29,6 +29,10 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000; 0: any free port).")] = None,
     k: Annotated[int | None, typer.Option("--k", help="kNN models: the most neighbours a search returns.")] = None,
+    batches: Annotated[
+        str | None,
+        typer.Option(help="Folder of the batch service: accept OpenAI Batch jobs on /v1/files and /v1/batches."),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Any config field: --set serve.max_batch_size=32.")
     ] = None,
@@ -44,6 +48,7 @@ def serve(
         "serve.host": host,
         "serve.port": port,
         "model.options.k": k,
+        "serve.batches": batches,
     }
     from ..serve import serve as run_server
 

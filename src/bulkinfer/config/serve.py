@@ -41,3 +41,24 @@ class ServeConfig(Section):
     results: str | None = None
     """GET /v1/results/{id} answers from: a finished Parquet run's folder, or redis://... (the current
     snapshot of the job's versioned [[export]] kind = "redis")."""
+    batches: str | None = None
+    """A folder for the batch service (`--batches`): POST /v1/files and /v1/batches accept OpenAI Batch
+    jobs, kept there (uploads, batch records, each batch's output) so a restart resumes them."""
+    batch_concurrency: int = Field(default=1, ge=1)
+    """Batches run at once; the others wait in order of creation."""
+    batch_step_ms: float = Field(default=25.0, gt=0)
+    """While online requests come in, a batch calls the model in steps of about this long (an online
+    request waits at most about one step); the steps grow back to whole calls when online traffic stops."""
+    batch_shard_rows: int = Field(default=1000, ge=1)
+    """Requests per commit of a batch: request_counts move, and a crash re-runs at most this many."""
+    batch_window_s: float | None = Field(default=None, gt=0)
+    """Seconds a batch's completion_window lasts (unset: what it says, 24h); past it the batch expires."""
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    """The largest file POST /v1/files accepts (OpenAI's limit: 200 MB)."""
+    max_batch_requests: int = Field(default=50_000, ge=1)
+    """The most requests one batch file may hold (OpenAI's limit: 50,000)."""
+    webhook_url: str | None = None
+    """Where batch events (batch.completed, .failed, .expired, .cancelled) are POSTed, signed as the
+    Standard Webhooks spec says with serve.webhook_secret; retried with backoff while the receiver is down."""
+    webhook_secret: str | None = None
+    """The Standard Webhooks secret (whsec_<base64>) the events are signed with."""

@@ -6,7 +6,8 @@ module holds the routing and the lifespan; the model behind the routes is
 Routes: ``POST /v1/predict`` (rows in, the offline output's columns out),
 ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/completions`` (OpenAI-compatible),
 ``GET /v1/results/{id}`` (precomputed, with live fallback), ``GET /healthz``, ``GET /readyz``,
-``GET /metrics`` (Prometheus). Every error is JSON ``{"error": {"message", "type", "code"}}``
+``GET /metrics`` (Prometheus); with ``serve.batches``, the Files and Batches APIs
+(:mod:`.batch_routes`). Every error is JSON ``{"error": {"message", "type", "code"}}``
 naming the problem; no traceback ever leaves the server.
 """
 
@@ -100,12 +101,14 @@ def build_app(cfg: JobConfig) -> Starlette:
     async def metrics(_request: Request) -> Response:
         if server.batcher is not None:
             server.metrics.queue_rows.set(server.batcher.queued_rows)
+        if server.batches is not None:
+            server.metrics.observe_batches(server.batches, server.share)
         body, content_type = server.metrics.render()
         return Response(body, media_type=content_type)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+        return exc.response()
 
     async def on_error(request: Request, exc: Exception) -> Response:
         log.error("unexpected error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
@@ -115,8 +118,7 @@ def build_app(cfg: JobConfig) -> Starlette:
     async def lifespan(_app: Starlette) -> Any:
         server.start()
         yield
-        if server.batcher is not None:
-            server.batcher.close()
+        await asyncio.to_thread(server.close)
 
     def guarded(endpoint: str, handler: Any) -> Any:
         """The API key checked first; errors answered as JSON; every request timed and counted."""
@@ -127,7 +129,7 @@ def build_app(cfg: JobConfig) -> Starlette:
                 server.keys.authorize(request)
                 response: Response = await handler(request)
             except ApiError as exc:
-                response = error_response(exc.status, exc.message, exc.kind, exc.headers)
+                response = exc.response()
             except Exception as exc:
                 response = await on_error(request, exc)
             elapsed = time.perf_counter() - t0
@@ -148,6 +150,26 @@ def build_app(cfg: JobConfig) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    if server.batches is not None:
+        routes += _batch_routes(server, guarded)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ApiError: on_api_error, Exception: on_error})
     app.state.server = server
     return app
+
+
+def _batch_routes(server: Server, guarded: Any) -> list[Route]:
+    """``/v1/files`` and ``/v1/batches`` (serve.batches)."""
+    from .batch_routes import BatchRoutes
+
+    b = BatchRoutes(server)
+    return [
+        Route("/v1/files", guarded("files", b.create_file), methods=["POST"]),
+        Route("/v1/files", guarded("files", b.list_files), methods=["GET"]),
+        Route("/v1/files/{id}", guarded("files", b.get_file), methods=["GET"]),
+        Route("/v1/files/{id}", guarded("files", b.delete_file), methods=["DELETE"]),
+        Route("/v1/files/{id}/content", guarded("files", b.file_content), methods=["GET"]),
+        Route("/v1/batches", guarded("batches", b.create_batch), methods=["POST"]),
+        Route("/v1/batches", guarded("batches", b.list_batches), methods=["GET"]),
+        Route("/v1/batches/{id}", guarded("batches", b.get_batch), methods=["GET"]),
+        Route("/v1/batches/{id}/cancel", guarded("batches", b.cancel_batch), methods=["POST"]),
+    ]

@@ -1,7 +1,7 @@
 """The audit log of ``bulkinfer serve`` (``serve.audit_log``): one JSON line per request —
 time, API key id (a hash prefix, never the key), route, rows, status, latency, client —
-to a file rotated by size (five old files kept), or to stderr with ``"-"``. Request
-content is never written."""
+and one per file or batch event (key id, event, the object's id and counts), to a file
+rotated by size (five old files kept), or to stderr with ``"-"``. Content is never written."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class AuditLog:
             return
         state = request.state
         line = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": _now(),
             "key_id": getattr(state, "key_id", None),
             "route": route,
             "method": request.method,
@@ -54,3 +54,21 @@ class AuditLog:
             "client": request.client.host if request.client else None,
         }
         self.logger.info(json.dumps(line, separators=(",", ":")))
+
+    def event(self, key_id: str | None, event: str, object_id: str, **figures: Any) -> None:
+        """One line for a file or batch event (``batch.created``, ``file.deleted``...): the key
+        id, the object's id and counts, never content."""
+        if self.logger is None:
+            return
+        line = {
+            "time": _now(),
+            "key_id": key_id,
+            "event": event,
+            "id": object_id,
+            **figures,
+        }
+        self.logger.info(json.dumps(line, separators=(",", ":")))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -2,11 +2,12 @@
 optional per-key limits, reloaded on SIGHUP without a restart.
 
 One key per line, ``#`` comments; after the key, optional ``id=NAME`` (what the audit log
-and the metrics say instead of a hash of the key), ``rps=N`` (requests per second) and
-``rows_per_s=N`` (rows per second)::
+and the metrics say instead of a hash of the key), ``rps=N`` (requests per second, uploads too),
+``rows_per_s=N`` (rows per second) and ``file_bytes=N`` (the most bytes of files the key may
+hold in the batch service at once)::
 
     sk-live-3f9a...   id=search-team  rps=20  rows_per_s=5000
-    sk-live-77c1...   id=batch-backfill
+    sk-live-77c1...   id=batch-backfill  file_bytes=2000000000
 
 Limits are token buckets holding one second's worth: a burst up to the limit passes, then
 requests get 429 with ``Retry-After`` (seconds until the bucket holds what was asked).
@@ -64,6 +65,7 @@ class ApiKey:
     id: str
     rps: float | None = None
     rows_per_s: float | None = None
+    file_bytes: int | None = None
 
 
 def _parse_line(path: str, n: int, line: str) -> ApiKey:
@@ -71,18 +73,21 @@ def _parse_line(path: str, n: int, line: str) -> ApiKey:
     values: dict[str, str] = {}
     for opt in options:
         name, eq, value = opt.partition("=")
-        if not eq or name not in ("id", "rps", "rows_per_s"):
-            raise ConfigError(f"serve.api_keys_file: {path} line {n}: unknown option {opt!r} (id=, rps=, rows_per_s=)")
+        if not eq or name not in ("id", "rps", "rows_per_s", "file_bytes"):
+            raise ConfigError(
+                f"serve.api_keys_file: {path} line {n}: unknown option {opt!r} (id=, rps=, rows_per_s=, file_bytes=)"
+            )
         values[name] = value
     try:
         rps = float(values["rps"]) if "rps" in values else None
         rows = float(values["rows_per_s"]) if "rows_per_s" in values else None
+        files = int(values["file_bytes"]) if "file_bytes" in values else None
     except ValueError:
-        raise ConfigError(f"serve.api_keys_file: {path} line {n}: rps and rows_per_s are numbers") from None
-    if (rps is not None and rps <= 0) or (rows is not None and rows <= 0):
+        raise ConfigError(f"serve.api_keys_file: {path} line {n}: rps, rows_per_s and file_bytes are numbers") from None
+    if any(v is not None and v <= 0 for v in (rps, rows, files)):
         raise ConfigError(f"serve.api_keys_file: {path} line {n}: limits must be positive")
     key = secret.encode()
-    return ApiKey(key, values.get("id") or key_id(key), rps, rows)
+    return ApiKey(key, values.get("id") or key_id(key), rps, rows, files)
 
 
 def load_keys(path: str | None) -> list[ApiKey]:

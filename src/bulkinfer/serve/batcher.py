@@ -11,7 +11,8 @@ its own rows back, with its token count (the tokenizing is done once, here).
 When the merged call fails, the requests are bisected (the engine's
 :func:`~bulkinfer.core.batching.bisect_call`) so a bad row fails only its own request. The
 queue is bounded in rows: past ``max_queue_rows`` a request is refused at once
-(:class:`Overloaded`) rather than left to time out.
+(:class:`Overloaded`) rather than left to time out. Its calls take the model through
+``share`` (:class:`~.share.ModelShare`): batch work yields while online requests wait.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from ..adapters import Adapter, predict_features
 from ..core.batching import bisect_call
+from .share import ModelShare
 
 __all__ = ["Answer", "Batcher", "Overloaded", "measure_call_overhead"]
 
@@ -63,6 +65,7 @@ class Batcher:
         max_wait_s: float,
         max_queue_rows: int,
         on_batch: Callable[[int, int], None] = lambda rows, requests: None,
+        share: ModelShare | None = None,
     ) -> None:
         self.adapter = adapter
         self.max_rows = max_rows
@@ -71,6 +74,7 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.on_batch = on_batch
+        self.share = share or ModelShare(step_s=0.05)
         self.queued_rows = 0
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -84,6 +88,7 @@ class Batcher:
             if self.queued_rows + table.num_rows > self.max_queue_rows and self.queued_rows > 0:
                 raise Overloaded(f"{self.queued_rows} rows are waiting (serve.max_queue_rows={self.max_queue_rows})")
             self.queued_rows += table.num_rows
+        self.share.online_queued(table.num_rows)
         request = _Request(table)
         self._queue.put(request)
         return request.future
@@ -120,7 +125,11 @@ class Batcher:
             with self._lock:
                 self.queued_rows -= rows
             self.on_batch(rows, len(batch))
-            self._run(batch)
+            try:
+                with self.share.online_call():
+                    self._run(batch)
+            finally:
+                self.share.online_done(rows)
 
     def _infer(self, requests: list[_Request]) -> list[Answer]:
         merged = pa.concat_tables([r.table for r in requests], promote_options="permissive")

@@ -8,20 +8,26 @@ import asyncio
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..adapters import RowsRejected, job_setup_context, served_names
+from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
 from ..config import JobConfig
-from ..core.errors import BulkinferError
+from ..core.errors import BulkinferError, ConfigError
 from ..core.records import withheld
 from ..precision.settle import settle
 from .audit import AuditLog
 from .auth import KeyRing
+from .batch_jobs import ENDPOINTS, batch_model
 from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
+from .batches import BatchQueue
+from .files import FileStore
 from .metrics import ServeMetrics
 from .results import ResultIndex
+from .share import ModelShare
+from .webhooks import Webhooks
 
 if TYPE_CHECKING:
     from .redis_results import RedisResults
@@ -52,12 +58,47 @@ class Server:
         self.results = _results(self.sv.results, cfg) if self.sv.results else None
         if self.results is not None:
             log.info("precomputed results: %s", self.results.describe())
+        # online first: batch work takes the model in steps while online requests wait
+        self.share = ModelShare(step_s=self.sv.batch_step_ms / 1000.0)
+        self.files: FileStore | None = None
+        self.batches: BatchQueue | None = None
+        self._batch_model: Adapter | None = None
+        if self.sv.batches:
+            self._open_batches(Path(self.sv.batches).expanduser())
+
+    def _open_batches(self, root: Path) -> None:
+        """The batch service over ``root`` (serve.batches): its files, queue and webhooks."""
+        if self.model.kind not in ENDPOINTS:
+            raise ConfigError(
+                f"serve.batches: the Batch API answers {', '.join(e for es in ENDPOINTS.values() for e in es)}; "
+                f"this {self.model.kind} model answers POST /v1/predict (run a batch of rows with bulkinfer run)"
+            )
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"serve.batches: cannot create {root} ({exc.strerror or exc})") from exc
+        self.files = FileStore(root)
+        self.webhooks = Webhooks(self.sv.webhook_url, self.sv.webhook_secret, root)
+        self.batches = BatchQueue(
+            self.cfg, root, self.files, lambda: self._batch_model, audit=self.audit, webhooks=self.webhooks
+        )
 
     def start(self) -> None:
         """Set the model up in the background; /readyz turns 200 when it is loaded."""
         threading.Thread(target=self._setup, name="bulkinfer-setup", daemon=True).start()
         if self.sv.reload_s > 0:
             threading.Thread(target=self._watch, name="bulkinfer-reload", daemon=True).start()
+        if self.batches is not None:
+            self.webhooks.start()
+            self.batches.start()
+
+    def close(self) -> None:
+        """Stop: running batches commit what is in flight (they resume on the next start)."""
+        if self.batches is not None:
+            self.batches.close()
+            self.webhooks.close()
+        if self.batcher is not None:
+            self.batcher.close()
 
     def _watch(self) -> None:
         """Swap in a newer index or finished run: built aside, then one assignment, so requests in
@@ -92,7 +133,10 @@ class Server:
                 max_wait_s=self.sv.max_wait_ms / 1000.0,
                 max_queue_rows=self.sv.max_queue_rows,
                 on_batch=self.metrics.observe_batch,
+                share=self.share,
             )
+            if self.batches is not None:
+                self._batch_model = batch_model(self.model.kind, self.adapter, self.model_names, self.share)
             log.info("model loaded: %s", self.name)
         except BulkinferError as exc:
             self.setup_error = str(exc)

@@ -22,9 +22,22 @@ NUMERIC_KINDS = ("tabular", "onnx")
 class ApiError(Exception):
     """An error answered to the client with ``status`` and a one-line message."""
 
-    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        headers: dict[str, str] | None = None,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+        self.param, self.code = param, code
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.kind, self.headers, param=self.param, code=self.code)
 
 
 class JSONResponse(Response):
@@ -36,8 +49,19 @@ class JSONResponse(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    kind: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
+    """``{"error": {"message", "type", "param", "code"}}``: ``code`` is the status unless a
+    route names one (the batch service's, as OpenAI's)."""
+    error = {"message": message, "type": kind, "param": param, "code": code or status}
+    return JSONResponse({"error": error}, status, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> Any:
