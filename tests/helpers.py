@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -173,3 +175,38 @@ def race(n: int, attempt) -> list[object]:
     for t in threads:
         t.join()
     return results
+
+
+class Server:
+    """``bulkinfer serve`` as a process on a free port; ``url`` once it listens."""
+
+    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        cmd = [sys.executable, "-m", "bulkinfer", "serve", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+            if match:
+                self.url = match.group(1)
+                break
+        else:
+            raise AssertionError(f"server did not start: {self.proc.wait()}")
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{self.url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "model never became ready"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)

@@ -9,44 +9,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import Server, cli, make_catalog, read_output, tabular_table, train_classifier, write
 
 KEY = "test-key-0123456789"
-
-
-class Server:
-    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "bulkinfer", "serve", "--port", "0", *args]
-        self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-        )
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-            if match:
-                self.url = match.group(1)
-                break
-        else:
-            raise AssertionError(f"server did not start: {self.proc.wait()}")
-        if wait_ready:
-            self.wait_ready()
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{self.url}/readyz").status_code != 200:
-            assert time.monotonic() < deadline, "model never became ready"
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 def _unit(m: np.ndarray) -> np.ndarray:

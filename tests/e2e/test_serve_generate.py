@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from openai import BadRequestError, OpenAI
-from test_serve import Server
 
 from bulkinfer import load_config, run_job
 
+from helpers import Server
 from tiny_lm import WORDS, tiny_lm
 
 PROMPTS = [" ".join(WORDS[i : i + 2 + i % 5]) for i in range(8)]

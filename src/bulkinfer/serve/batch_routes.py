@@ -111,20 +111,33 @@ class BatchRoutes:
 
                 expires_at = int(time.time()) + _expiry_seconds(expiry, "expires_after")
             owner = _owner(request)
-            self._check_quota(request, owner)
-            stored = await asyncio.to_thread(
-                self.files.upload, upload.file, filename=upload.filename or "upload.jsonl", purpose=purpose,
-                owner=owner, max_bytes=limit, expires_at=expires_at,
-            )  # fmt: skip
+            room = self._room(request, owner)
+            try:
+                stored = await asyncio.to_thread(
+                    self.files.upload, upload.file, filename=upload.filename or "upload.jsonl", purpose=purpose,
+                    owner=owner, max_bytes=min(limit, room), expires_at=expires_at,
+                )  # fmt: skip
+            except ApiError as exc:
+                if exc.status == 413 and room < limit:
+                    raise self._full(owner) from None
+                raise
         self.server.audit.event(owner, "file.created", stored.id, bytes=stored.bytes)
         return JSONResponse(stored.public())
 
-    def _check_quota(self, request: Request, owner: str | None) -> None:
+    def _room(self, request: Request, owner: str | None) -> int:
+        """The bytes the request's key may still upload (its ``file_bytes`` less what it holds)."""
         key = getattr(request.state, "api_key", None)
         quota = getattr(key, "file_bytes", None)
-        if quota is not None and self.files.held_bytes(owner) >= quota:
-            raise _bad(f"key {owner} holds its limit of {quota} bytes of files (file_bytes); delete some first",
-                       "file", "storage_limit_exceeded")  # fmt: skip
+        if quota is None:
+            return self.sv.max_file_bytes
+        room = int(quota) - self.files.held_bytes(owner)
+        if room <= 0:
+            raise self._full(owner)
+        return room
+
+    def _full(self, owner: str | None) -> ApiError:
+        return _bad(f"file: key {owner} would hold more than its file_bytes limit; delete files first", "file",
+                    "storage_limit_exceeded")  # fmt: skip
 
     async def list_files(self, request: Request) -> Response:
         order = request.query_params.get("order", "desc")

@@ -1,0 +1,387 @@
+"""The batch service: `bulkinfer serve --batches STATE` as a real process, driven by the official
+`openai` client's files.* and batches.*; a webhook receiver on loopback that is down at first."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from openai import BadRequestError, NotFoundError, OpenAI
+from standardwebhooks import Webhook
+
+from helpers import Server, cli
+
+ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+WORDS = "the quick brown fox jumps over a lazy dog while red green and blue birds sing softly".split()
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def requests_file(path: Path, n: int, seed: int = 0, bad: bool = True) -> set[str]:
+    """``n`` embeddings requests (and, with ``bad``, a broken line and a request for another
+    model); the custom_ids of the good ones."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40)))
+        body = {"model": "minilm", "input": text if i % 5 else [text, text[::-1]]}
+        lines.append(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": body}))
+    if bad:
+        lines.insert(n // 2, "{not json")
+        lines.append(json.dumps({"custom_id": "other-model", "method": "POST", "url": "/v1/embeddings",
+                                 "body": {"model": "gpt-4o", "input": "x"}}))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return {f"r{i}" for i in range(n)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def client(server: Server, key: str = ALICE) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def submit(c: OpenAI, path: Path, **kw: object):
+    f = c.files.create(file=path.open("rb"), purpose="batch")
+    return c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h", **kw)
+
+
+def wait(c: OpenAI, bid: str, until=lambda b: b.status in TERMINAL, timeout: float = 180):
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        b = c.batches.retrieve(bid)
+        seen.append(b)
+        if until(b):
+            return b, seen
+        assert time.monotonic() < deadline, f"batch {bid} stuck at {b.status} {b.request_counts}"
+        time.sleep(0.1)
+
+
+def lines(c: OpenAI, fid: str | None) -> list[dict]:
+    return [json.loads(x) for x in c.files.content(fid).text.splitlines()] if fid else []
+
+
+def answered_ids(c: OpenAI, b) -> Counter:
+    return Counter(x["custom_id"] for x in lines(c, b.output_file_id) + lines(c, b.error_file_id))
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    d = tmp_path_factory.mktemp("batches")
+    (d / "keys.txt").write_text(f"{ALICE} id=alice\n{BOB} id=bob file_bytes=1000\n")
+    port = free_port()  # the webhook receiver: nothing listens there until a test starts it
+    server = Server(
+        ["-m", "minilm", "--batches", "state", "--set", "serve.api_keys_file='keys.txt'",
+         "--set", "serve.batch_shard_rows=40", "--set", "serve.audit_log='audit.log'",
+         "--set", f"serve.webhook_url='http://127.0.0.1:{port}/hook'", "--set", f"serve.webhook_secret='{SECRET}'"],
+        d,
+    )  # fmt: skip
+    yield server, d, port
+    server.stop()
+
+
+def test_a_batch_answers_every_request_as_bulkinfer_run_does(service):
+    server, d, _ = service
+    good = requests_file(d / "in.jsonl", 200)
+    c = client(server)
+    created = submit(c, d / "in.jsonl", metadata={"team": "search"})
+    assert created.status == "validating" and created.metadata == {"team": "search"}
+    b, seen = wait(c, created.id)
+    assert b.status == "completed" and b.errors is None
+    # the counts moved while it ran, never backwards, and end exact: 200 answered, 2 lines failed alone
+    done = [s.request_counts.completed for s in seen if s.request_counts]
+    assert done == sorted(done) and b.request_counts.total == 202
+    assert (b.request_counts.completed, b.request_counts.failed) == (200, 2)
+    assert b.created_at <= b.in_progress_at <= b.finalizing_at <= b.completed_at
+    assert b.expires_at == b.created_at + 24 * 3600
+    statuses = [s.status for s in seen]
+    order = ["validating", "in_progress", "finalizing", "completed"]
+    assert [order.index(s) for s in statuses] == sorted(order.index(s) for s in statuses)
+
+    out, errors = lines(c, b.output_file_id), lines(c, b.error_file_id)
+    assert {x["custom_id"] for x in out} == good and len(out) == 200
+    assert sorted((str(e["custom_id"]), (e["response"] or {}).get("status_code") or 0, (e["error"] or {}).get("code"))
+                  for e in errors) == [("None", 0, "invalid_request_line"), ("other-model", 400, None)]  # fmt: skip
+    # the same file through bulkinfer run: the same answers
+    cli("run", "-i", "in.jsonl", "-m", "minilm", "-o", "ran", "--progress", "none", cwd=d, check=True)
+    ran = {x["custom_id"]: x for x in map(json.loads, (d / "ran" / "_batch_output.jsonl").read_text().splitlines())}
+    assert set(ran) == good
+    for x in out:
+        mine, theirs = x["response"]["body"], ran[x["custom_id"]]["response"]["body"]
+        assert mine["usage"] == theirs["usage"] and mine["model"] == theirs["model"] == "minilm"
+        a = np.array([e["embedding"] for e in mine["data"]])
+        np.testing.assert_allclose(a, np.array([e["embedding"] for e in theirs["data"]]), atol=2e-5)
+    by_id = {x["custom_id"]: x["response"]["body"]["data"] for x in out}
+    assert len(by_id["r5"]) == 2 and len(by_id["r6"]) == 1  # a request of two inputs is answered whole
+
+    # files: the upload and the two results, newest first; content of another purpose
+    files = c.files.list()
+    assert {f.id for f in files} >= {b.input_file_id, b.output_file_id, b.error_file_id}
+    assert c.files.retrieve(b.output_file_id).purpose == "batch_output"
+
+
+def test_batches_list_newest_first_with_cursor_pages_and_files_delete(service):
+    server, d, _ = service
+    requests_file(d / "small.jsonl", 3, bad=False)
+    c = client(server)
+    ids = [submit(c, d / "small.jsonl").id for _ in range(3)]
+    listed = [b.id for b in c.batches.list()]
+    assert listed[:3] == ids[::-1]
+    first = c.batches.list(limit=2)
+    assert [b.id for b in first.data] == ids[::-1][:2] and first.has_more
+    assert [b.id for b in c.batches.list(limit=1, after=ids[1]).data] == [ids[0]]
+    assert [b.id for b in c.batches.list(limit=1)] == listed  # the client walks every page, in order
+    for bid in ids:
+        wait(c, bid)
+    f = c.files.create(file=(d / "small.jsonl").open("rb"), purpose="batch")
+    assert c.files.delete(f.id).deleted
+    with pytest.raises(NotFoundError):
+        c.files.retrieve(f.id)
+    assert f.id not in {x.id for x in c.files.list()}
+
+
+def test_a_key_sees_only_its_own_files_and_batches(service):
+    server, d, _ = service
+    requests_file(d / "own.jsonl", 5, bad=False)
+    alice, bob = client(server, ALICE), client(server, BOB)
+    b = submit(alice, d / "own.jsonl")
+    for call in (lambda: bob.batches.retrieve(b.id), lambda: bob.batches.cancel(b.id),
+                 lambda: bob.files.retrieve(b.input_file_id), lambda: bob.files.content(b.input_file_id),
+                 lambda: bob.files.delete(b.input_file_id)):  # fmt: skip
+        with pytest.raises(NotFoundError):
+            call()
+    with pytest.raises(BadRequestError) as refused:  # another key's file cannot start a batch either
+        bob.batches.create(input_file_id=b.input_file_id, endpoint="/v1/embeddings", completion_window="24h")
+    assert refused.value.body["param"] == "input_file_id"
+    assert b.id not in {x.id for x in bob.batches.list()} and b.input_file_id not in {f.id for f in bob.files.list()}
+    assert b.id in {x.id for x in alice.batches.list()}
+    # bob's key holds at most 1000 bytes of files: the first upload passes, the next is refused
+    (d / "tiny.jsonl").write_text('{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}\n' * 12)
+    bob.files.create(file=(d / "tiny.jsonl").open("rb"), purpose="batch")
+    with pytest.raises(BadRequestError) as full:
+        bob.files.create(file=(d / "tiny.jsonl").open("rb"), purpose="batch")
+    assert full.value.body["code"] == "storage_limit_exceeded"
+    wait(alice, b.id)
+    r = httpx.get(f"{server.url}/v1/batches", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code"),
+    [
+        ({"input_file_id": "file-nope"}, "input_file_id", "invalid_file"),
+        ({"endpoint": "/v1/chat/completions"}, "endpoint", "unsupported_endpoint"),
+        ({"completion_window": "48h"}, "completion_window", None),
+        ({"metadata": {"k": "v" * 600}}, "metadata", None),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 5}}, "output_expires_after.seconds", None),
+        ({"priority": "high"}, "priority", None),
+    ],
+)
+def test_a_bad_create_is_a_400_naming_the_param(service, change, param, code):
+    server, d, _ = service
+    requests_file(d / "ok.jsonl", 2, bad=False)
+    key = {"Authorization": f"Bearer {ALICE}"}
+    f = client(server).files.create(file=(d / "ok.jsonl").open("rb"), purpose="batch")
+    body = {"input_file_id": f.id, "endpoint": "/v1/embeddings", "completion_window": "24h", **change}
+    r = httpx.post(f"{server.url}/v1/batches", json=body, headers=key)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+    assert error["code"] == (code or 400)
+
+
+def test_uploads_and_unknown_ids_are_refused_like_openai(service):
+    server, d, _ = service
+    c = client(server)
+    requests_file(d / "x.jsonl", 2, bad=False)
+    with pytest.raises(BadRequestError) as purpose:
+        c.files.create(file=(d / "x.jsonl").open("rb"), purpose="fine-tune")
+    assert purpose.value.body["param"] == "purpose"
+    with pytest.raises(BadRequestError) as expiry:
+        c.files.create(file=(d / "x.jsonl").open("rb"), purpose="batch",
+                       expires_after={"anchor": "created_at", "seconds": 10})  # fmt: skip
+    assert expiry.value.body["param"] == "expires_after.seconds"
+    kept = c.files.create(file=(d / "x.jsonl").open("rb"), purpose="batch",
+                          expires_after={"anchor": "created_at", "seconds": 3600})  # fmt: skip
+    assert kept.expires_at == kept.created_at + 3600
+    for call in (lambda: c.batches.retrieve("batch_nope"), lambda: c.files.content("file-nope")):
+        with pytest.raises(NotFoundError):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [
+        ("", "empty_file"),
+        ("a,b,c\n1,2,3\n", "invalid_file_format"),
+        ('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n', "mismatched_endpoint"),
+    ],
+)
+def test_a_file_that_cannot_run_as_a_whole_fails_the_batch_saying_why(service, content, code):
+    server, d, _ = service
+    (d / "whole.jsonl").write_text(content)
+    c = client(server)
+    b, _ = wait(c, submit(c, d / "whole.jsonl").id)
+    assert b.status == "failed" and b.failed_at is not None and b.output_file_id is None
+    assert [e.code for e in b.errors.data] == [code] and b.errors.data[0].message
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_webhook_receiver_that_is_down_at_first_still_gets_the_signed_event(service):
+    server, d, port = service
+    requests_file(d / "hook.jsonl", 4, bad=False)
+    c = client(server)
+    b, _ = wait(c, submit(c, d / "hook.jsonl").id)  # the receiver is down: the batch completes all the same
+    assert b.status == "completed"
+    pending = d / "state" / "webhooks"
+    deadline = time.monotonic() + 30
+    while not any(json.loads(p.read_text())["attempts"] >= 1 and json.loads(p.read_text())["event"]["data"]["id"]
+                  == b.id for p in pending.glob("*.json")):  # fmt: skip
+        assert time.monotonic() < deadline, "no delivery was tried"
+        time.sleep(0.1)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(json.loads(body)["data"]["id"] == b.id for _, body in _Receiver.got):
+            assert time.monotonic() < deadline, "the event never arrived"
+            time.sleep(0.1)
+    finally:
+        httpd.shutdown()
+    verifier = Webhook(SECRET)
+    events = [verifier.verify(body, headers) for headers, body in _Receiver.got]
+    mine = [e for e in events if e["data"]["id"] == b.id]
+    assert [e["type"] for e in mine] == ["batch.completed"] and mine[0]["object"] == "event"
+    headers, body = _Receiver.got[0]
+    with pytest.raises(Exception, match="(?i)signature"):  # a body changed on the way fails verification
+        verifier.verify(body.replace(b"batch", b"batcH"), headers)
+
+
+def test_metrics_and_the_audit_log_count_batches_by_key_without_content(service):
+    server, d, _ = service
+    text = httpx.get(f"{server.url}/metrics").text
+    metric = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("bulkinfer_batch")}  # fmt: skip
+    assert metric['bulkinfer_batches{status="completed"}'] >= 1
+    assert metric['bulkinfer_batch_requests{outcome="answered"}'] >= 200
+    audit = [json.loads(line) for line in (d / "audit.log").read_text().splitlines()]
+    events = [(a["key_id"], a["event"]) for a in audit if "event" in a]
+    assert ("alice", "file.created") in events and ("alice", "batch.created") in events
+    assert ("alice", "batch.completed") in events and ("bob", "file.created") in events
+    raw = (d / "audit.log").read_text()
+    assert "quick brown" not in raw and "custom_id" not in raw and ALICE not in raw
+
+
+def _exactly_once(c: OpenAI, b, expected: set[str]) -> Counter:
+    got = answered_ids(c, b)
+    assert max(got.values()) == 1 and set(got) - {None} <= expected
+    return got
+
+
+def test_a_server_stopped_or_killed_mid_batch_resumes_it_answering_each_request_once(tmp_path):
+    good = requests_file(tmp_path / "big.jsonl", 2500, seed=3)
+    args = ["-m", "minilm", "--batches", "state", "--set", "serve.batch_shard_rows=100"]
+    server = Server(args, tmp_path)
+    c = client(server)
+    bid = submit(c, tmp_path / "big.jsonl").id
+    wait(c, bid, lambda b: b.request_counts and b.request_counts.completed >= 300)
+    t0 = time.monotonic()
+    server.stop()  # SIGTERM: what is in flight is committed, the batch stays in progress
+    # uvicorn shuts down (the batch's job first), then lets the signal end the process
+    assert server.proc.returncode in (0, -15) and time.monotonic() - t0 < 20
+    record = json.loads((tmp_path / "state" / "batches" / f"{bid}.json").read_text())
+    assert record["status"] == "in_progress" and 300 <= record["request_counts"]["completed"] < 2500
+
+    server = Server(args, tmp_path)
+    c = client(server)
+    before = c.batches.retrieve(bid).request_counts.completed
+    assert before >= record["request_counts"]["completed"]  # resumed from what was committed, not from 0
+    wait(c, bid, lambda b: b.request_counts.completed >= before + 300)
+    server.kill()  # SIGKILL: nothing is committed on the way out
+
+    server = Server(args, tmp_path)
+    try:
+        c = client(server)
+        b, _ = wait(c, bid)
+        assert b.status == "completed"
+        assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (2502, 2500, 2)
+        got = _exactly_once(c, b, good | {"other-model"})
+        assert set(got) == good | {"other-model", None}
+    finally:
+        server.stop()
+
+
+def test_cancel_mid_batch_keeps_the_answered_part_while_online_requests_are_served_first(tmp_path):
+    good = requests_file(tmp_path / "big.jsonl", 2500, seed=4, bad=False)
+    server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.batch_shard_rows=100"], tmp_path)
+    try:
+        c = client(server)
+        texts = [f"an online request about {w}" for w in WORDS]
+        alone = np.array([c.embeddings.create(model="minilm", input=t).data[0].embedding for t in texts])
+        bid = submit(c, tmp_path / "big.jsonl").id
+        wait(c, bid, lambda b: b.request_counts and b.request_counts.completed >= 100)
+        during = np.array([c.embeddings.create(model="minilm", input=t).data[0].embedding for t in texts])
+        np.testing.assert_allclose(during, alone, atol=2e-5)  # same answers while the batch runs
+        metrics = httpx.get(f"{server.url}/metrics").text
+        yielded = float(re.search(r"^bulkinfer_batch_yielded_seconds (\S+)", metrics, re.M).group(1))
+        assert yielded > 0  # the batch waited for those online requests
+        cancelling = c.batches.cancel(bid)
+        assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
+        b, _ = wait(c, bid)
+        assert b.status == "cancelled" and b.cancelled_at >= b.cancelling_at
+        out = lines(c, b.output_file_id)
+        assert 100 <= len(out) < 2500 and b.request_counts.completed == len(out) and b.error_file_id is None
+        _exactly_once(c, b, good)
+        with pytest.raises(Exception, match="409|cancel"):  # a cancelled batch cannot be cancelled again
+            c.batches.cancel(bid)
+    finally:
+        server.stop()
+
+
+def test_batches_past_their_window_expire_with_the_rest_as_batch_expired_errors(tmp_path):
+    first = requests_file(tmp_path / "big.jsonl", 3000, seed=5, bad=False)
+    second = requests_file(tmp_path / "small.jsonl", 5, seed=6, bad=False)
+    server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.batch_shard_rows=50",
+                     "--set", "serve.batch_window_s=3", "--set", "runtime.batch_size=4"], tmp_path)  # fmt: skip
+    try:
+        c = client(server)
+        running = submit(c, tmp_path / "big.jsonl").id
+        queued = submit(c, tmp_path / "small.jsonl").id  # waits behind the first (one batch at a time)
+        b, _ = wait(c, running)
+        assert b.status == "expired" and b.expired_at >= b.expires_at
+        answered = {x["custom_id"] for x in lines(c, b.output_file_id)}
+        expired = lines(c, b.error_file_id)
+        assert answered and {e["error"]["code"] for e in expired} == {"batch_expired"}
+        assert answered | {e["custom_id"] for e in expired} == first and len(answered) + len(expired) == 3000
+        assert (b.request_counts.completed, b.request_counts.failed) == (len(answered), len(expired))
+        q, _ = wait(c, queued)
+        assert q.status == "expired" and q.output_file_id is None
+        assert {e["custom_id"] for e in lines(c, q.error_file_id)} == second
+    finally:
+        server.stop()
