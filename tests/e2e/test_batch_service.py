@@ -8,10 +8,13 @@ import json
 import random
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -23,7 +26,25 @@ from helpers import Server, cli
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-WORDS = "the quick brown fox jumps over a lazy dog while red green and blue birds sing softly".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "red",
+    "green",
+    "and",
+    "blue",
+    "birds",
+    "sing",
+    "softly",
+]
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
@@ -241,9 +262,9 @@ def test_a_file_that_cannot_run_as_a_whole_fails_the_batch_saying_why(service, c
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
-    got: list[tuple[dict[str, str], bytes]] = []
+    got: ClassVar[list[tuple[dict[str, str], bytes]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
         self.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
         self.send_response(204)
@@ -385,3 +406,21 @@ def test_batches_past_their_window_expire_with_the_rest_as_batch_expired_errors(
         assert {e["custom_id"] for e in lines(c, q.error_file_id)} == second
     finally:
         server.stop()
+
+
+def test_the_docs_example_runs_as_written(service):
+    server, d, _ = service
+    page = (Path(__file__).resolve().parents[2] / "docs" / "batches.md").read_text()
+    script = re.search(r"<!-- batch-service-example -->\n```python\n(.*?)```", page, re.S).group(1)
+    example_line = re.search(r"```json\n(.*?)\n```", page, re.S).group(1)
+    script = script.replace("http://127.0.0.1:8000", server.url).replace('"unused-without-keys"', repr(ALICE))
+    work = d / "example"
+    work.mkdir()
+    more = [json.loads(example_line) | {"custom_id": f"item-{i}"} for i in range(2, 5)]
+    (work / "requests.jsonl").write_text(example_line + "\n" + "".join(json.dumps(x) + "\n" for x in more))
+    (work / "example.py").write_text(script)
+    out = subprocess.run([sys.executable, "example.py"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "completed BatchRequestCounts(completed=4, failed=0, total=4)", "4 answered, 0 failed",
+    ]  # fmt: skip

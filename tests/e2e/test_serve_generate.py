@@ -1,10 +1,12 @@
 """`bulkinfer serve` with a tiny random-weight causal LM, called by the `openai` client:
 chat and text completions, whole and streamed (server-sent events), concurrent requests
-merged, answers equal to the offline batch run of the same requests."""
+merged, answers equal to the offline batch run of the same requests, and the same requests
+as a batch of the batch service."""
 
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -23,13 +25,16 @@ PROMPTS = [" ".join(WORDS[i : i + 2 + i % 5]) for i in range(8)]
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("gen")
     model = tiny_lm(d / "tiny-llama", "llama")
-    server = Server(["-m", str(model), "--set", "serve.max_wait_ms=20", "--set", "model.max_new_tokens=10"], d)
+    server = Server(["-m", str(model), "--set", "serve.max_wait_ms=20", "--set", "model.max_new_tokens=10",
+                     "--batches", "state"], d)  # fmt: skip
     yield server, model, d
     server.stop()
 
 
 def offline_answers(model, d):
-    """The same requests through an OpenAI batch file, offline."""
+    """The same requests through an OpenAI batch file, offline (run once per module)."""
+    if (d / "offline" / "_SUCCESS").exists():
+        return _answers(d)
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "tiny-llama", "messages": [{"role": "user", "content": p}],
                                   "max_tokens": 10, "temperature": 0}})
@@ -37,6 +42,10 @@ def offline_answers(model, d):
     (d / "req.jsonl").write_text("\n".join(lines) + "\n")
     run_job(load_config(overrides={"source.paths": [str(d / "req.jsonl")], "model.name": str(model),
                                    "sink.path": str(d / "offline"), "execution.progress": "none"}))  # fmt: skip
+    return _answers(d)
+
+
+def _answers(d):
     rows = [json.loads(x) for x in (d / "offline" / "_batch_output.jsonl").read_text().splitlines()]
     by_id = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in rows}
     return [by_id[f"r{i}"] for i in range(len(PROMPTS))]
@@ -82,3 +91,21 @@ def test_text_completions_stream_with_usage_and_bad_requests_are_400(served):
     assert r.status_code == 404 and "no embeddings" in r.json()["error"]["message"]
     r = httpx.post(f"{server.url}/v1/predict", json={"rows": [{"text": "x"}]}, timeout=30)
     assert r.status_code == 404 and "/v1/chat/completions" in r.json()["error"]["message"]
+
+
+def test_a_chat_batch_of_the_batch_service_answers_as_the_offline_run(served):
+    server, model, d = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    offline = offline_answers(model, d)  # writes req.jsonl
+    upload = client.files.create(file=(d / "req.jsonl").open("rb"), purpose="batch")
+    with pytest.raises(BadRequestError, match="answers /v1/chat/completions and /v1/completions"):
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert batch.status == "completed" and batch.request_counts.completed == len(PROMPTS)
+    rows = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    by_id = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in rows}
+    assert [by_id[f"r{i}"] for i in range(len(PROMPTS))] == offline

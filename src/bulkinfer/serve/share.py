@@ -2,10 +2,12 @@
 
 The server's batcher (online requests) and the batch service's jobs call the same model,
 set up once. :class:`ModelShare` decides who calls it: one call at a time, and a batch step
-starts only while no online request is waiting or running. An online request that arrives
-while a batch step runs waits for that step alone, so batch steps are kept short while
-online traffic comes in (``step_s``, about what one step may take) and grow back, doubling,
-to the job's whole calls once online traffic has been quiet for ``quiet_s``.
+starts only once no online request has been waiting or running for ``gap_s`` (half a step:
+closed-loop clients send their next request within it, so a steady online load is not cut
+into by batch steps). An online request that arrives while a batch step runs waits for
+that step alone, so batch steps are kept short while online traffic comes in (``step_s``,
+about what one step may take) and grow back, doubling, to the job's whole calls once
+online traffic has been quiet for ``quiet_s``.
 
 :class:`SharedModel` is the adapter a batch job sees: the server's, already set up (its
 ``setup`` and ``close`` do nothing), whose ``predict`` runs a call as steps through the share.
@@ -33,6 +35,7 @@ class ModelShare:
 
     def __init__(self, step_s: float, quiet_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.step_s, self.quiet_s, self.clock = step_s, quiet_s, clock
+        self.gap_s = step_s / 2
         self._cond = threading.Condition()
         self._model = threading.Lock()
         self._online = 0  # online rows queued or running
@@ -75,14 +78,23 @@ class ModelShare:
                 self._grown = max(fit, 2 * self._grown)
             return min(total, self._grown)
 
+    def _wait_for_a_gap(self) -> None:
+        with self._cond:
+            while True:
+                if self._online > 0:
+                    self._cond.wait(0.5)
+                    continue
+                quiet = self.clock() - self._last_online
+                if quiet >= self.gap_s:
+                    return
+                self._cond.wait(self.gap_s - quiet)
+
     @contextmanager
     def batch_step(self, rows: int) -> Iterator[None]:
-        """Hold the model for one batch step, once no online request waits."""
+        """Hold the model for one batch step, once no online request waits or just went."""
         t0 = self.clock()
         while True:
-            with self._cond:
-                while self._online > 0:
-                    self._cond.wait(0.5)
+            self._wait_for_a_gap()
             self._model.acquire()
             if self._online <= 0:  # none came in while this step took the model
                 break
