@@ -354,6 +354,9 @@ def test_a_server_stopped_or_killed_mid_batch_resumes_it_answering_each_request_
         assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (2502, 2500, 2)
         got = _exactly_once(c, b, good | {"other-model"})
         assert set(got) == good | {"other-model", None}
+        second = cli("serve", "-m", "minilm", "--port", "0", *args[2:], cwd=tmp_path, timeout=120)
+        assert second.returncode == 1 and "in use by another server" in second.stderr  # it would run them twice
+        assert "Traceback" not in second.stderr
     finally:
         server.stop()
 

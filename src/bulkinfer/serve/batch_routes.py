@@ -13,6 +13,7 @@ honoured or refused with a 400 naming it (``error.param``).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -107,8 +108,6 @@ class BatchRoutes:
             expires_at = None
             if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
                 expiry = {"anchor": form.get("expires_after[anchor]"), "seconds": form.get("expires_after[seconds]")}
-                import time
-
                 expires_at = int(time.time()) + _expiry_seconds(expiry, "expires_after")
             owner = _owner(request)
             room = self._room(request, owner)

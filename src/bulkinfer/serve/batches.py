@@ -17,6 +17,7 @@ files past theirs.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -31,7 +32,7 @@ from ..config import JobConfig
 from ..core.errors import BulkinferError, Interrupted
 from .audit import AuditLog
 from .batch_jobs import job_config, run_batch, stopped_files, validate
-from .files import FileStore, StoredFile, write_json
+from .files import FileStore, StoredFile, link_or_copy, write_json
 from .validation import ApiError
 from .webhooks import Webhooks
 
@@ -87,8 +88,6 @@ class BatchQueue:
         self._threads: list[threading.Thread] = []
         self._batches: dict[str, _Batch] = {}
         for path in sorted(self.dir.glob("batch_*.json")):
-            import json
-
             record = json.loads(path.read_text())
             self._batches[record["id"]] = _Batch(record)
         self.answered = self.failed = 0  # requests this process ran (metrics)
@@ -136,7 +135,7 @@ class BatchQueue:
         window_s = self.sv.batch_window_s or WINDOWS[window]
         folder = self.dir / bid
         folder.mkdir()
-        self._link(self.files.path(source), folder / "input.jsonl")
+        link_or_copy(self.files.path(source), folder / "input.jsonl")
         record: dict[str, Any] = {
             "id": bid, "object": "batch", "endpoint": endpoint, "model": self.cfg.model.served_name or
             self.cfg.model.name, "errors": None, "input_file_id": source.id, "completion_window": window,
@@ -218,16 +217,6 @@ class BatchQueue:
             b.record[stamp] = int(time.time())
         self._save(b)
         self._lock.notify_all()
-
-    @staticmethod
-    def _link(src: Path, dst: Path) -> None:
-        import os
-        import shutil
-
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copyfile(src, dst)
 
     # -- the threads ---------------------------------------------------------
     def _validate(self, b: _Batch) -> None:

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from .validation import ApiError
 
-__all__ = ["FileStore", "StoredFile", "page", "write_json"]
+__all__ = ["FileStore", "StoredFile", "link_or_copy", "page", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ def write_json(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (no copy of a large file), a copy where links fail."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
@@ -110,10 +118,7 @@ class FileStore:
         fid = _new_id("file-")
         tmp = self.dir / f".{fid}.part"
         try:
-            try:
-                os.link(path, tmp)
-            except OSError:
-                shutil.copyfile(path, tmp)
+            link_or_copy(path, tmp)
             stored = StoredFile(fid, tmp.stat().st_size, int(time.time()), filename, purpose, owner, expires_at)
             return self._keep(tmp, stored)
         finally:

@@ -77,6 +77,7 @@ class Server:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"serve.batches: cannot create {root} ({exc.strerror or exc})") from exc
+        self._state_lock = _lock_state(root)
         self.files = FileStore(root)
         self.webhooks = Webhooks(self.sv.webhook_url, self.sv.webhook_secret, root)
         self.batches = BatchQueue(
@@ -184,6 +185,29 @@ class Server:
         columns = [*(table.column(c) for c in kept), *outputs.values()]
         rows: list[dict[str, Any]] = pa.Table.from_arrays(columns, names=[*kept, *outputs]).to_pylist()
         return rows
+
+
+def _lock_state(root: Path) -> Any:
+    """The batch service's folder is one server's: a second server on it would run the same
+    batches twice. The lock dies with the process (a killed server leaves it free)."""
+    import fcntl
+    import os
+
+    fh = open(root / "server.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held while serving
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise ConfigError(
+            f"serve.batches: {root} is in use by another server ({holder}); stop it, or give this one another folder"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}")
+    fh.flush()
+    return fh
 
 
 def _results(where: str, cfg: JobConfig) -> ResultIndex | RedisResults:

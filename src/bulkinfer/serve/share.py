@@ -128,10 +128,12 @@ class SharedModel(Adapter):
         self.inner, self.share = inner, share
         self.input_columns = inner.input_columns
         self.batch_size_hint = inner.batch_size_hint
-        self.engine_name = getattr(inner, "engine_name", None)
-        for name in ("dimension", "max_seq_length", "runs_on"):
-            if hasattr(inner, name):
-                setattr(self, name, getattr(inner, name))
+
+    def __getattr__(self, name: str) -> Any:
+        """What the job reads of the model (``dimension``, ``engine_name``...) is the server's."""
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def setup(self, ctx: SetupContext) -> None:
         """Set up by the server already."""
