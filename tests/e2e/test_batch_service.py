@@ -23,28 +23,10 @@ from openai import BadRequestError, NotFoundError, OpenAI
 from standardwebhooks import Webhook
 
 from helpers import Server, cli
+from tiny_lm import WORDS
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "red",
-    "green",
-    "and",
-    "blue",
-    "birds",
-    "sing",
-    "softly",
-]
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 

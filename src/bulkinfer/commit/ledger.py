@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
 from ..core.layout import ERRORS, PRIVATE, SUCCESS
+from ..core.locks import try_lock
 from ..core.records import ErrorRecord, encode_records
 from ..plan import JobPlan, describe_change
 from ..sinks import Part, write_bytes
@@ -168,18 +169,12 @@ class Ledger:
     def acquire(self) -> None:
         """Take the directory's lock; a lock left by a dead process is free (flock dies with it)."""
         self.private.mkdir(parents=True, exist_ok=True)
-        fh = open(self.private / "lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
+        fh, previous = try_lock(self.private / "lock")
+        if fh is None:
             raise LockedError(
-                f"{self.out_dir}: another run is writing here ({holder}); wait for it, or use another --output"
-            ) from exc
-        fh.seek(0)
-        previous = fh.read().strip()
+                f"{self.out_dir}: another run is writing here ({previous or 'another process'}); "
+                "wait for it, or use another --output"
+            )
         if previous:
             self.took_over_from = previous
         fh.seek(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pyarrow as pa
 from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError
+from ..core.locks import try_lock
 from ..core.records import withheld
 from ..precision.settle import settle
 from .audit import AuditLog
@@ -190,19 +192,12 @@ class Server:
 def _lock_state(root: Path) -> Any:
     """The batch service's folder is one server's: a second server on it would run the same
     batches twice. The lock dies with the process (a killed server leaves it free)."""
-    import fcntl
-    import os
-
-    fh = open(root / "server.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held while serving
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.seek(0)
-        holder = fh.read().strip() or "another process"
-        fh.close()
+    fh, holder = try_lock(root / "server.lock")
+    if fh is None:
         raise ConfigError(
-            f"serve.batches: {root} is in use by another server ({holder}); stop it, or give this one another folder"
-        ) from None
+            f"serve.batches: {root} is in use by another server ({holder or 'another process'}); "
+            "stop it, or give this one another folder"
+        )
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()}")
