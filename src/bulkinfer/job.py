@@ -341,7 +341,7 @@ def execute(
         def gate(figures_of: GateFigures | None = None) -> None:
             stats.quality = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of)
 
-        runner = make_runner(cfg, job.adapter, stats, stop, backend)
+        runner = make_runner(cfg, job.adapter, stats, stop, backend, ledger)
         runner.start(gate)
         try:
             with _running(stats, stop, cfg, ledger.out_dir) as progress:

@@ -84,6 +84,10 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
     from .text import is_sentence_transformers_dir
 
     name, kind = cfg.model.name, cfg.model.kind
+    if kind == "remote-batch":  # a name the remote API knows, not a path here
+        from .remote_batch import remote_digest
+
+        return ResolvedModel("remote-batch", cfg.model.base_url or "", remote_digest(cfg.model))
     path = _alias_path(name) or Path(name).expanduser()
     if path.exists():
         if kind in ("auto", "knn") and is_index(path):  # the index and the provenance that says what it holds
@@ -144,6 +148,10 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
             return EmbeddingRequests(adapter, served_names(cfg, model))
         return adapter
+    if model.kind == "remote-batch":
+        from .remote_batch import RemoteRequests
+
+        return RemoteRequests(m)
     if model.kind == "knn":
         from .knn import KnnAdapter
 

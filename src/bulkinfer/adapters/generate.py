@@ -49,7 +49,7 @@ from ..llm.openai_api import (
 from ..llm.prompts import chat_prompt, message_columns, render, template_columns
 from .base import Adapter, RowsRejected, SetupContext
 
-__all__ = ["GenerateAdapter", "is_causal_lm_dir", "json_columns", "template_columns"]
+__all__ = ["GenerateAdapter", "expanded", "is_causal_lm_dir", "json_columns", "load_schema", "template_columns"]
 
 REQUEST_COLUMNS = ("custom_id", "method", "url", "body", "line_error")
 
@@ -90,7 +90,26 @@ def json_columns(schema: Mapping[str, Any]) -> list[tuple[str, pa.DataType | Non
     return [(name, _arrow_type(spec) if isinstance(spec, Mapping) else None) for name, spec in props.items()]
 
 
-def _load_schema(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+def expanded(fields: list[tuple[str, pa.DataType | None]], texts: list[str | None]) -> dict[str, pa.Array]:
+    """The JSON completions' top-level ``fields`` as typed columns (null where a completion is
+    None: cut by max_tokens, or not JSON the schema allows)."""
+    objs = []
+    for t in texts:
+        try:
+            objs.append(json.loads(t) if t else {})
+        except ValueError:
+            objs.append({})
+    out = {}
+    for name, arrow_type in fields:
+        values = [o.get(name) if isinstance(o, dict) else None for o in objs]
+        if arrow_type is None:
+            out[name] = pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+        else:
+            out[name] = pa.array(values, arrow_type)
+    return out
+
+
+def load_schema(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
     try:
@@ -134,7 +153,7 @@ class GenerateAdapter(Adapter):
         self.max_tokens, self.stop = m.max_new_tokens, tuple(s for s in m.stop if s)
         self.temperature, self.top_p, self.seed = m.temperature, m.top_p, m.seed
         self.ignore_eos = m.ignore_eos
-        self.schema = _load_schema(m.json_schema)
+        self.schema = load_schema(m.json_schema)
         self.grammar: str | None = None
         if self.schema is not None:
             from ..llm.constrain import schema_grammar
@@ -329,20 +348,8 @@ class GenerateAdapter(Adapter):
             "completion_tokens": used,
         }
         if self.expand:
-            columns.update(self._expanded([g.text if g.finish_reason == "stop" else None for g in out]))
+            columns.update(expanded(self.expand, [g.text if g.finish_reason == "stop" else None for g in out]))
         return columns
-
-    def _expanded(self, texts: list[str | None]) -> dict[str, pa.Array]:
-        """The JSON's top-level fields as typed columns (null where a completion was cut by max_tokens)."""
-        objs = [json.loads(t) if t else {} for t in texts]
-        out = {}
-        for name, arrow_type in self.expand:
-            values = [o.get(name) if isinstance(o, dict) else None for o in objs]
-            if arrow_type is None:
-                out[name] = pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
-            else:
-                out[name] = pa.array(values, arrow_type)
-        return out
 
     def close(self) -> None:
         self.model = None

@@ -14,8 +14,9 @@ class ModelConfig(Section):
     """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
     a joblib/pickle file of an estimator, an .onnx file, an index written by `bulkinfer index` (kNN: top-k
     neighbours per row), or 'module:attr' naming your own adapter."""
-    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate"] = "auto"
-    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate)."""
+    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate", "remote-batch"] = "auto"
+    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate);
+    remote-batch: an OpenAI-compatible Batch API at model.base_url runs the rows (model.name is body.model)."""
     text_column: str | None = None
     """Column holding the text to embed (text models)."""
     feature_columns: list[str] = Field(default_factory=list)
@@ -56,3 +57,21 @@ class ModelConfig(Section):
     """Generation models: always generate max_new_tokens, EOS or not (benchmarks; as vLLM's ignore_eos)."""
     served_name: str | None = None
     """The model's name in OpenAI requests (body.model) and responses; default: the model directory's name."""
+    base_url: str | None = None
+    """remote-batch: the Batch API's base URL (https://api.openai.com/v1, http://host:port/v1 of a
+    `bulkinfer serve --batches` server...)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """remote-batch: the environment variable holding the API key (the key itself is never stored)."""
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] = "/v1/chat/completions"
+    """remote-batch: what each row's request asks the remote model for."""
+    batch_max_requests: int = Field(default=50_000, ge=1)
+    """remote-batch: the most requests per batch file (OpenAI's limit); shards are grouped up to it."""
+    batch_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    """remote-batch: the largest batch file (OpenAI's limit: 200 MB)."""
+    completion_window: str = "24h"
+    """remote-batch: the completion_window each batch is created with."""
+    poll_s: float = Field(default=10.0, gt=0)
+    """remote-batch: seconds between two looks at the batches in flight."""
+    cancel_on_stop: bool = False
+    """remote-batch: on SIGTERM, cancel the batches in flight (default: leave them running; the rerun
+    collects them)."""

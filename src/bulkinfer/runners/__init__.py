@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .base import BatchTimeout, Committing, Emit, Runner, ShardOutput
 from .local import LocalRunner
@@ -17,7 +17,16 @@ if TYPE_CHECKING:
 __all__ = ["BatchTimeout", "Committing", "Emit", "LocalRunner", "Runner", "ShardOutput", "make_runner"]
 
 
-def make_runner(cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event, backend: str) -> Runner:
+def make_runner(
+    cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event, backend: str, ledger: Any = None
+) -> Runner:
+    """The runner of ``backend``; a remote-batch model's own (it records its batches in ``ledger``)."""
+    if cfg.model.kind == "remote-batch":
+        from ..adapters.remote_batch import RemoteRequests
+        from .remote import RemoteBatchRunner
+
+        assert isinstance(adapter, RemoteRequests) and ledger is not None
+        return RemoteBatchRunner(cfg, adapter, stats, stop, ledger)
     if backend == "ray":
         from .ray import RayRunner
 

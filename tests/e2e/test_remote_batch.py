@@ -1,0 +1,124 @@
+"""model.kind = "remote-batch": a table through a Batch API (bulkinfer's own batch server, a real
+process) by the real client, killed at every step and rerun: every row once, no batch created
+twice (the server's batch list proves it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from openai import OpenAI
+
+from helpers import BULKINFER, Server, cli, make_catalog, read_output, write
+
+KEY = "sk-remote-0123456789"
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    d = tmp_path_factory.mktemp("remote")
+    (d / "keys.txt").write_text(f"{KEY} id=client\n")
+    server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.api_keys_file='keys.txt'",
+                     "--set", "serve.batch_shard_rows=50"], d)  # fmt: skip
+    write(make_catalog(300, seed=4), d / "catalog.parquet")
+    cli("run", "-i", "catalog.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
+        "-o", "local", "--progress", "none", cwd=d, check=True)  # fmt: skip
+    yield server, d
+    server.stop()
+
+
+def job_args(server: Server, out: str, src: str = "catalog.parquet") -> list[str]:
+    return ["run", "-i", src, "-m", "minilm", "--text-column", "description", "--id-column", "id", "-o", out,
+            "--progress", "none", "--set", "model.kind='remote-batch'", "--set", f"model.base_url='{server.url}/v1'",
+            "--set", "model.endpoint='/v1/embeddings'", "--set", "model.poll_s=0.2", "--set", "source.shard_rows=100",
+            "--set", "model.batch_max_requests=200", "--set", "model.api_key_env='REMOTE_KEY'"]  # fmt: skip
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "REMOTE_KEY": KEY, **extra}
+
+
+def batches_of(server: Server, out) -> list:
+    """The server's batches this output created (their tag names the output's run id)."""
+    run = json.loads((out / "_bulkinfer" / "remote_batches.json").read_text())["run"]
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    return [
+        b for b in client.batches.list() if (b.metadata or {}).get("bulkinfer_tag", "").startswith(f"bulkinfer-{run}-")
+    ]
+
+
+def test_a_table_through_the_batch_api_equals_the_local_run(remote):
+    server, d = remote
+    cli(*job_args(server, "out"), cwd=d, env=env(), check=True)
+    out, local = read_output(d / "out").sort_by("id"), read_output(d / "local").sort_by("id")
+    assert out.column_names == local.column_names == ["id", "embedding"]
+    assert out["id"].to_pylist() == local["id"].to_pylist() == list(range(300))
+    np.testing.assert_allclose(np.stack(out["embedding"].to_numpy(zero_copy_only=False)),
+                               np.stack(local["embedding"].to_numpy(zero_copy_only=False)), atol=2e-5)  # fmt: skip
+    assert KEY not in (d / "out" / "_bulkinfer" / "job.json").read_text()
+    made = batches_of(server, d / "out")  # 3 shards of 100, at most 200 requests a file: two batches
+    assert sorted(b.request_counts.total for b in made) == [100, 200] and {b.status for b in made} == {"completed"}
+
+
+@pytest.mark.parametrize("step", ["remote-intent", "remote-uploaded", "remote-created", "remote-polled",
+                                  "remote-downloaded"])  # fmt: skip
+def test_a_client_killed_at_any_step_reruns_to_every_row_once_without_a_second_batch(remote, step):
+    server, d = remote
+    out = f"out-{step}"
+    killed = cli(*job_args(server, out), cwd=d, env=env(BULKINFER_CRASH_AT=step))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    cli(*job_args(server, out), cwd=d, env=env(), check=True)
+    table = read_output(d / out)
+    assert sorted(table["id"].to_pylist()) == list(range(300))
+    made = batches_of(server, d / out)
+    assert len(made) == 2, [(b.id, b.metadata) for b in made]  # the rerun polled what was created
+    assert sorted(b.request_counts.total for b in made) == [100, 200]
+
+
+def test_sigterm_leaves_the_remote_batches_running_and_the_rerun_collects_them(remote):
+    server, d = remote
+    args = [*job_args(server, "out-term"), "--set", "model.poll_s=30"]
+    proc = subprocess.Popen([*BULKINFER, *args], cwd=d, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    state = d / "out-term" / "_bulkinfer" / "remote_batches.json"
+    deadline = time.monotonic() + 60
+    while not (
+        state.exists() and sum(bool(g["batch_id"]) for g in json.loads(state.read_text())["groups"].values()) == 2
+    ):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 75 and time.monotonic() - t0 < 10
+    assert {b.status for b in batches_of(server, d / "out-term")} <= {"validating", "in_progress", "finalizing",
+                                                                       "completed"}  # fmt: skip
+    cli(*job_args(server, "out-term"), cwd=d, env=env(), check=True)
+    assert sorted(read_output(d / "out-term")["id"].to_pylist()) == list(range(300))
+    assert len(batches_of(server, d / "out-term")) == 2
+
+
+def test_rows_that_fail_remotely_are_error_records_and_retry_errors_resubmits_only_them(remote):
+    server, d = remote
+    texts = ["a short text", None, "word " * 600, "another text", "word " * 700]
+    write(pa.table({"id": list(range(5)), "description": texts}), d / "mixed.parquet")
+    budget = ["--set", "execution.max_error_rate=1"]
+    done = cli(*job_args(server, "out-mixed", "mixed.parquet"), *budget, cwd=d, env=env())
+    assert done.returncode == 0, done.stderr
+    assert sorted(read_output(d / "out-mixed")["id"].to_pylist()) == [0, 3]
+    errors = [json.loads(x) for f in sorted((d / "out-mixed" / "_errors").glob("*.jsonl"))
+              for x in f.read_text().splitlines()]  # fmt: skip
+    by_row = {e["row"]: e for e in errors}
+    assert set(by_row) == {1, 2, 4} and by_row[1]["stage"] == "preprocess" and "null text" in by_row[1]["message"]
+    assert "over the model's limit" in by_row[2]["message"] and by_row[2]["id"] == 2
+    before = len(batches_of(server, d / "out-mixed"))
+    again = cli("run", "--retry-errors", "out-mixed", "--progress", "none", cwd=d, env=env())  # the stored job
+    assert again.returncode == 0, again.stderr
+    made = batches_of(server, d / "out-mixed")
+    assert len(made) == before + 1 and made[0].request_counts.total == 2  # only the two that made a request
+    assert sorted(read_output(d / "out-mixed")["id"].to_pylist()) == [0, 3]
