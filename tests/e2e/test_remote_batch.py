@@ -55,7 +55,8 @@ def batches_of(server: Server, out) -> list:
 
 def test_a_table_through_the_batch_api_equals_the_local_run(remote):
     server, d = remote
-    cli(*job_args(server, "out"), cwd=d, env=env(), check=True)
+    price = ["--set", "model.price_per_million_tokens={input = 2.5}", "--set", "cost.labels={team = 'search'}"]
+    cli(*job_args(server, "out"), *price, cwd=d, env=env(), check=True)
     out, local = read_output(d / "out").sort_by("id"), read_output(d / "local").sort_by("id")
     assert out.column_names == local.column_names == ["id", "embedding"]
     assert out["id"].to_pylist() == local["id"].to_pylist() == list(range(300))
@@ -64,6 +65,16 @@ def test_a_table_through_the_batch_api_equals_the_local_run(remote):
     assert KEY not in (d / "out" / "_bulkinfer" / "job.json").read_text()
     made = batches_of(server, d / "out")  # 3 shards of 100, at most 200 requests a file: two batches
     assert sorted(b.request_counts.total for b in made) == [100, 200] and {b.status for b in made} == {"completed"}
+    # the spend, from each answer's usage, booked like local spend
+    report = json.loads((d / "out" / "_bulkinfer" / "report.json").read_text())
+    answers = [json.loads(x) for b in made for x in OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+               .files.content(b.output_file_id).text.splitlines()]  # fmt: skip
+    billed = sum(a["response"]["body"]["usage"]["prompt_tokens"] for a in answers)
+    assert report["tokens"]["prompt"] == billed > 300
+    assert report["cost"]["remote_tokens"] == pytest.approx(billed * 2.5 / 1e6, abs=1e-6)
+    booked = json.loads(cli("costs", "out", "--by", "team", "--format", "json", cwd=d, check=True).stdout)
+    assert [(r["team"], r["rows"]) for r in booked] == [("search", 300)]
+    assert booked[0]["cost"] == pytest.approx(report["cost"]["run"], abs=1e-6)
 
 
 @pytest.mark.parametrize("step", ["remote-intent", "remote-uploaded", "remote-created", "remote-polled",

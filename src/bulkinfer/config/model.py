@@ -75,3 +75,7 @@ class ModelConfig(Section):
     cancel_on_stop: bool = False
     """remote-batch: on SIGTERM, cancel the batches in flight (default: leave them running; the rerun
     collects them)."""
+    price_per_million_tokens: dict[Literal["input", "output"], float] = Field(default_factory=dict)
+    """remote-batch: the provider's price per million input and output tokens ({input = 0.075, output = 0.3}:
+    its batch price, discount included); report.json and `bulkinfer costs` book the spend from each answer's
+    usage."""

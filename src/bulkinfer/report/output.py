@@ -64,7 +64,7 @@ def write_report(
         "max_tokens": cfg.runtime.max_tokens,
         "threads": cfg.runtime.threads or available_cpus(),
         "machine": {**cpu(), "isa": isa_key(), "gpu": gpu(cfg.runtime.device)},
-        **stats.to_json(price_per_hour=price, currency=cfg.cost.currency),
+        **stats.to_json(price_per_hour=price, currency=cfg.cost.currency, token_prices=_token_prices(cfg)),
         "output_rows": stats.output.rows,  # every committed part's rows, earlier runs' too
         "output_files": len(stats.output.covers),
         "output_bytes": output_bytes,
@@ -107,7 +107,8 @@ def run_entry(report: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
         "wall_s": report["wall_s"],
         "rows_out": report["rows_out"],
         "rows_failed": report["rows_failed"],
-        "cost": round(cost["instance_price_per_hour"] * report["wall_s"] / 3600, 9),  # unrounded: they are summed
+        # unrounded: they are summed; a remote model's tokens are spend too
+        "cost": round(cost["instance_price_per_hour"] * report["wall_s"] / 3600 + cost.get("remote_tokens", 0.0), 9),
         "currency": cost["currency"],
         "price_per_hour": cost["instance_price_per_hour"],
         "instance": cost.get("instance"),
@@ -183,3 +184,9 @@ def prometheus_text(report: Mapping[str, Any], labels: Mapping[str, str]) -> str
         gauge("bulkinfer_stage_seconds", "Busy seconds per pipeline stage.", secs, {"stage": stage})
     gauge("bulkinfer_cost_per_million_rows", "Cost per million rows.", report["cost"]["per_million_rows"])
     return generate_latest(reg).decode()
+
+
+def _token_prices(cfg: JobConfig) -> tuple[float, float]:
+    """A remote model's price per million input and output tokens (0, 0 for a local model)."""
+    prices = cfg.model.price_per_million_tokens
+    return float(prices.get("input", 0.0)), float(prices.get("output", 0.0))

@@ -152,13 +152,18 @@ class RunStats:
         """Seconds since set-up finished (the processing time that rows/s is computed over)."""
         return (self.finished or time.perf_counter()) - (self.running_since or self.started)
 
-    def to_json(self, *, price_per_hour: float = 0.0, currency: str = "USD") -> dict[str, Any]:
+    def to_json(
+        self, *, price_per_hour: float = 0.0, currency: str = "USD", token_prices: tuple[float, float] = (0.0, 0.0)
+    ) -> dict[str, Any]:
+        """The run's figures; ``token_prices``: a remote model's price per million input and
+        output tokens, booked with the instance's time."""
         wall = max(self.run_s, 1e-9)
         n_batches = sum(self.batch_sizes.values())
         hist: Counter[str] = Counter()
         for size, count in sorted(self.batch_sizes.items()):
             hist[_bucket(size)] += count
-        cost_run = price_per_hour * self.wall_s / 3600.0
+        token_cost = (self.prompt_tokens * token_prices[0] + self.completion_tokens * token_prices[1]) / 1e6
+        cost_run = price_per_hour * self.wall_s / 3600.0 + token_cost
         return {
             "rows_planned": self.rows_planned,
             "rows_already_done": self.rows_already_done,
@@ -214,6 +219,7 @@ class RunStats:
                 "instance_price_per_hour": price_per_hour,
                 "currency": currency,
                 "run": round(cost_run, 6),
+                **({"remote_tokens": round(token_cost, 6)} if any(token_prices) else {}),
                 "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
                 **self._token_costs(cost_run),
             },

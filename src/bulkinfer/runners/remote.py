@@ -250,9 +250,9 @@ class RemoteBatchRunner:
                 arrays = [out.column(c) for c in self.passthrough]
                 arrays += [to_arrow_column(values, name) for name, values in columns.items()]
                 table_out = pa.Table.from_arrays(arrays, names=[*self.passthrough, *columns])
-            if "prompt_tokens" in columns:
-                prompt += sum(v or 0 for v in columns["prompt_tokens"].to_pylist())
-                completion += sum(v or 0 for v in columns["completion_tokens"].to_pylist())
+            usage = [b.get("usage") or {} for b in bodies]  # what the provider bills
+            prompt += sum(int(u.get("prompt_tokens") or 0) for u in usage)
+            completion += sum(int(u.get("completion_tokens") or 0) for u in usage)
             self.stats.rows_inferred += len(numbers)
             crash_point("remote-downloaded")
             commit(ShardOutput(shard, table_out, sorted(errors, key=lambda e: (e.row is None, e.row or 0))))
