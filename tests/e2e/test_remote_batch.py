@@ -4,12 +4,16 @@ twice (the server's batch list proves it)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -25,7 +29,7 @@ def remote(tmp_path_factory):
     d = tmp_path_factory.mktemp("remote")
     (d / "keys.txt").write_text(f"{KEY} id=client\n")
     server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.api_keys_file='keys.txt'",
-                     "--set", "serve.batch_shard_rows=50"], d)  # fmt: skip
+                     "--set", "serve.batch_shard_rows=50", "--set", "serve.max_batch_requests=250"], d)  # fmt: skip
     write(make_catalog(300, seed=4), d / "catalog.parquet")
     cli("run", "-i", "catalog.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
         "-o", "local", "--progress", "none", cwd=d, check=True)  # fmt: skip
@@ -133,3 +137,83 @@ def test_rows_that_fail_remotely_are_error_records_and_retry_errors_resubmits_on
     made = batches_of(server, d / "out-mixed")
     assert len(made) == before + 1 and made[0].request_counts.total == 2  # only the two that made a request
     assert sorted(read_output(d / "out-mixed")["id"].to_pylist()) == [0, 3]
+
+
+class FaultyProxy:
+    """An HTTP proxy to the batch server that answers some requests with a fault, once each:
+    ``refuse`` (that status, not forwarded), ``after`` (forwarded, then a 502: the server did
+    it, the client is told it failed) and ``cut`` (forwarded, the body cut in half)."""
+
+    def __init__(self, upstream: str, rules: list[tuple[str, str, str]]) -> None:
+        self.upstream, self.rules, self.fired = upstream, list(rules), []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                rule = next((r for r in proxy.rules if r[0] == self.command and re.search(r[1], self.path)), None)
+                if rule is not None:
+                    proxy.rules.remove(rule)
+                    proxy.fired.append(rule)
+                if rule is not None and rule[2].isdigit():
+                    return self._answer(int(rule[2]), b'{"error": {"message": "injected"}}', "application/json")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                r = httpx.request(self.command, proxy.upstream + self.path, content=body, headers=headers, timeout=60)
+                if rule is not None and rule[2] == "after":
+                    return self._answer(502, b'{"error": {"message": "bad gateway"}}', "application/json")
+                content = r.content[: len(r.content) // 2] if rule is not None and rule[2] == "cut" else r.content
+                self._answer(r.status_code, content, r.headers.get("content-type", "application/json"))
+
+            def _answer(self, status: int, content: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(content)))
+                self.send_header("retry-after-ms", "10")
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_DELETE = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_faults_of_the_api_are_retried_or_recorded_never_a_lost_or_doubled_row(remote):
+    server, d = remote
+    proxy = FaultyProxy(server.url, [
+        ("POST", r"^/v1/files$", "503"),  # refused: the client uploads again
+        ("POST", r"^/v1/batches$", "429"),  # refused: created on the next try
+        ("POST", r"^/v1/batches$", "after"),  # created, but the client hears a 502: found by its tag
+        ("GET", r"^/v1/batches/batch_", "503"),
+        ("GET", r"/content$", "cut"),  # a result file cut short: fetched again
+    ])  # fmt: skip
+    try:
+        args = [a.replace(server.url, proxy.url) for a in job_args(server, "out-faults")]
+        done = cli(*args, cwd=d, env=env())
+        assert done.returncode == 0, done.stderr
+    finally:
+        proxy.httpd.shutdown()
+    assert proxy.rules == [] and len(proxy.fired) == 5  # every fault happened
+    assert sorted(read_output(d / "out-faults")["id"].to_pylist()) == list(range(300))
+    assert len(batches_of(server, d / "out-faults")) == 2  # the 502'd create made no second batch
+
+
+def test_a_batch_the_api_refuses_as_a_whole_makes_every_row_an_error_record(remote):
+    server, d = remote
+    args = [
+        *job_args(server, "out-refused"),
+        "--set",
+        "model.batch_max_requests=300",
+        "--set",
+        "execution.max_error_rate=1",
+    ]  # fmt: skip  (the server takes at most 250 requests a batch)
+    done = cli(*args, cwd=d, env=env())
+    assert done.returncode == 0, done.stderr
+    errors = [json.loads(x) for f in sorted((d / "out-refused" / "_errors").glob("*.jsonl"))
+              for x in f.read_text().splitlines()]  # fmt: skip
+    assert sorted(e["row"] for e in errors) == list(range(300))
+    assert all("failed validation" in e["message"] and "too_many_requests" in e["message"] for e in errors)

@@ -197,14 +197,35 @@ class RemoteBatchRunner:
             r["file_id"] = upload.id
             self._save(state)
             crash_point("remote-uploaded")
-        batch = self.client.batches.create(
-            input_file_id=r["file_id"], endpoint=self.m.endpoint, completion_window=self.m.completion_window,
-            metadata={"bulkinfer_tag": r["tag"]},
-        )  # fmt: skip
-        crash_point("remote-created")
-        r["batch_id"] = batch.id
+        r["batch_id"] = self._create(r)
         self._save(state)
-        log.info("remote batch %s: %s, shards %s", batch.id, batch.status, r["shards"])
+        log.info("remote batch %s created for shards %s", r["batch_id"], r["shards"])
+
+    def _create(self, r: dict[str, Any], attempts: int = 6) -> str:
+        """Create the group's batch. A create that may have reached the API (a 5xx, a cut
+        connection, a timeout) is never simply sent again: the API's batches are searched for
+        the tag first, so a retry cannot make (and bill) a second batch."""
+        import openai
+
+        once = self.client.with_options(max_retries=0)
+        for attempt in range(attempts):
+            try:
+                batch = once.batches.create(
+                    input_file_id=r["file_id"], endpoint=self.m.endpoint, completion_window=self.m.completion_window,
+                    metadata={"bulkinfer_tag": r["tag"]},
+                )  # fmt: skip
+                crash_point("remote-created")
+                return str(batch.id)
+            except openai.RateLimitError as exc:  # refused before anything was made
+                why: Exception = exc
+            except (openai.APIConnectionError, openai.InternalServerError) as exc:
+                found = self._find(r["tag"])
+                if found is not None:
+                    return found
+                why = exc
+            log.info("creating the batch for %s failed (%s); trying again", r["tag"], why)
+            self.stop.wait(min(30.0, 0.5 * 2**attempt))
+        raise ModelError(f"the Batch API at {self.m.base_url} did not create a batch in {attempts} tries: {why}")
 
     def _find(self, tag: str) -> str | None:
         """The batch created for ``tag`` by a run that died before recording its id."""
