@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_batch_service import bulkinfer_cmd  # noqa: E402
 from bench_serve import free_port, start  # noqa: E402
+
 from make_catalog import make_catalog  # noqa: E402
 
 

@@ -6,6 +6,7 @@ as a batch of the batch service."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -109,3 +110,38 @@ def test_a_chat_batch_of_the_batch_service_answers_as_the_offline_run(served):
     rows = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
     by_id = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in rows}
     assert [by_id[f"r{i}"] for i in range(len(PROMPTS))] == offline
+
+
+def test_the_remote_batch_docs_example_runs_against_the_batch_service_as_a_local_generation_job(served):
+    """docs/remote-batch.md's job, pointed at this server: the same answers as the same job run
+    locally on the same model (the prompts are rendered alike), label a typed column."""
+    import re
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from helpers import cli, read_output, write
+
+    server, model, d = served
+    page = (Path(__file__).resolve().parents[2] / "docs" / "remote-batch.md").read_text()
+    job = re.search(r"```toml\n(.*?)```", page, re.S).group(1)
+    job = job.replace("https://api.openai.com/v1", f"{server.url}/v1").replace('"gpt-4o-mini"', '"tiny-llama"')
+    job = job.replace("Label the support ticket.", "Label it.").replace("max_new_tokens = 50", "max_new_tokens = 12")
+    subjects = ["fox", "the dog", "lazy", "quick brown"]
+    write(pa.table({"ticket_id": [10, 11, 12, 13], "subject": subjects, "body": ["jumps"] * 4}), d / "tickets.parquet")
+    (d / "remote.toml").write_text(job.replace('path = "labels/"', 'path = "labels-remote/"'))
+    local = re.sub(r'kind = "remote-batch"\n|base_url = .*\n|endpoint = .*\n|api_key_env = .*\n|price_per.*\n', "", job)
+    (d / "local.toml").write_text(local.replace('"tiny-llama"', f"'{model}'").replace("labels/", "labels-local/"))
+    env = {**os.environ, "OPENAI_API_KEY": "unused"}
+    cli("run", "remote.toml", "--set", "model.poll_s=0.2", "--progress", "none", cwd=d, env=env, check=True)
+    cli("run", "local.toml", "--progress", "none", cwd=d, check=True)
+    refused = cli("run", "local.toml", "--set", "model.poll_s=0.2", "-o", "x", cwd=d)  # a remote setting, locally
+    assert refused.returncode == 1 and "model.poll_s: applies to model.kind = 'remote-batch'" in refused.stderr
+    remote = read_output(d / "labels-remote").sort_by("ticket_id")
+    local_out = read_output(d / "labels-local").sort_by("ticket_id")
+    assert remote.column_names == ["ticket_id", "completion", "finish_reason", "prompt_tokens", "completion_tokens",
+                                   "label"]  # fmt: skip
+    assert remote["ticket_id"].to_pylist() == [10, 11, 12, 13]
+    assert remote["completion"].to_pylist() == local_out["completion"].to_pylist()
+    assert remote["prompt_tokens"].to_pylist() == local_out["prompt_tokens"].to_pylist()
+    assert remote["label"].to_pylist() == local_out["label"].to_pylist()

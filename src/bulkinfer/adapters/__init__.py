@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import JobConfig, RuntimeConfig
+from ..config import JobConfig, ModelConfig, RuntimeConfig
 from ..core.errors import ConfigError, ModelError
 from .base import (
     Adapter,
@@ -152,6 +152,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         from .remote_batch import RemoteRequests
 
         return RemoteRequests(m)
+    _refuse_remote_settings(m)
     if model.kind == "knn":
         from .knn import KnnAdapter
 
@@ -190,6 +191,21 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
     columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
     return load_custom(model.location, columns, m.options)
+
+
+REMOTE_SETTINGS = (
+    "base_url", "api_key_env", "endpoint", "batch_max_requests", "batch_max_bytes", "completion_window", "poll_s",
+    "cancel_on_stop", "price_per_million_tokens",
+)  # fmt: skip
+
+
+def _refuse_remote_settings(m: ModelConfig) -> None:
+    """A remote Batch API's setting on a local model would do nothing: refused, naming it."""
+    for name in REMOTE_SETTINGS:
+        field = ModelConfig.model_fields[name]
+        default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+        if getattr(m, name) != default:
+            raise ConfigError(f"model.{name}: applies to model.kind = 'remote-batch' (a Batch API); drop it here")
 
 
 def _int8_groups(cfg: JobConfig, model: ResolvedModel) -> list[str] | None:
