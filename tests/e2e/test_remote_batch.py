@@ -60,13 +60,16 @@ def batches_of(server: Server, out) -> list:
 def test_a_table_through_the_batch_api_equals_the_local_run(remote):
     server, d = remote
     price = ["--set", "model.price_per_million_tokens={input = 2.5}", "--set", "cost.labels={team = 'search'}"]
-    cli(*job_args(server, "out"), *price, cwd=d, env=env(), check=True)
+    logged = ["--progress", "log", "--set", "execution.log_interval_s=0.01"]
+    ran = cli(*job_args(server, "out"), *price, *logged, cwd=d, env=env(), check=True)
+    assert re.search(r"progress rows=\d+/300 .* batches=(completed|finalizing|in_progress|validating):", ran.stderr)
     out, local = read_output(d / "out").sort_by("id"), read_output(d / "local").sort_by("id")
     assert out.column_names == local.column_names == ["id", "embedding"]
     assert out["id"].to_pylist() == local["id"].to_pylist() == list(range(300))
     np.testing.assert_allclose(np.stack(out["embedding"].to_numpy(zero_copy_only=False)),
                                np.stack(local["embedding"].to_numpy(zero_copy_only=False)), atol=2e-5)  # fmt: skip
     assert KEY not in (d / "out" / "_bulkinfer" / "job.json").read_text()
+    assert json.loads((d / "out" / "_bulkinfer" / "report.json").read_text())["remote_batches"] == {"completed": 2}
     made = batches_of(server, d / "out")  # 3 shards of 100, at most 200 requests a file: two batches
     assert sorted(b.request_counts.total for b in made) == [100, 200] and {b.status for b in made} == {"completed"}
     # the spend, from each answer's usage, booked like local spend
@@ -81,18 +84,21 @@ def test_a_table_through_the_batch_api_equals_the_local_run(remote):
     assert booked[0]["cost"] == pytest.approx(report["cost"]["run"], abs=1e-6)
 
 
-@pytest.mark.parametrize("step", ["remote-intent", "remote-uploaded", "remote-created", "remote-polled",
-                                  "remote-downloaded"])  # fmt: skip
-def test_a_client_killed_at_any_step_reruns_to_every_row_once_without_a_second_batch(remote, step):
+STEPS = ["remote-intent", "remote-uploaded", "remote-created", "remote-polled", "remote-downloaded"]
+
+
+def test_a_client_killed_at_every_step_in_turn_reruns_to_every_row_once_without_a_second_batch(remote):
+    """Killed after the intent, then (resuming) after the upload, after the create (before its
+    id is recorded), while polling and after a download; the last rerun completes."""
     server, d = remote
-    out = f"out-{step}"
-    killed = cli(*job_args(server, out), cwd=d, env=env(BULKINFER_CRASH_AT=step))
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    cli(*job_args(server, out), cwd=d, env=env(), check=True)
-    table = read_output(d / out)
+    for step in STEPS:
+        killed = cli(*job_args(server, "out-killed"), cwd=d, env=env(BULKINFER_CRASH_AT=step))
+        assert killed.returncode == -signal.SIGKILL, (step, killed.stderr)
+    cli(*job_args(server, "out-killed"), cwd=d, env=env(), check=True)
+    table = read_output(d / "out-killed")
     assert sorted(table["id"].to_pylist()) == list(range(300))
-    made = batches_of(server, d / out)
-    assert len(made) == 2, [(b.id, b.metadata) for b in made]  # the rerun polled what was created
+    made = batches_of(server, d / "out-killed")
+    assert len(made) == 2, [(b.id, b.metadata) for b in made]  # each rerun found what was created
     assert sorted(b.request_counts.total for b in made) == [100, 200]
 
 

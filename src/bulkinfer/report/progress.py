@@ -47,25 +47,33 @@ class Progress:
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
+                TextColumn("{task.fields[batches]}"),
                 console=Console(stderr=True),
                 transient=False,
             )
             self._bar.start()
             todo = self.stats.rows_planned
-            self._task = self._bar.add_task("run", total=todo, completed=self.stats.rows_already_done, rate="-")
+            self._task = self._bar.add_task(
+                "run", total=todo, completed=self.stats.rows_already_done, rate="-", batches=""
+            )
         return self
 
     def update(self) -> None:
         s = self.stats
         done = s.rows_already_done + max(s.rows_inferred, s.rows_out + s.rows_failed)
         rate = max(s.rows_inferred, s.rows_out) / max(s.run_s, 1e-9)
+        remote = s.remote_line()  # a remote Batch API's batches by status
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, rate=f"{rate:,.0f}")
+            self._bar.update(
+                self._task, completed=done, rate=f"{rate:,.0f}", batches=f"batches: {remote}" if remote else ""
+            )
         elif self.mode == "log" and time.perf_counter() - self._last_log >= self.interval:
             self._last_log = time.perf_counter()
             left = s.rows_planned - done
             eta = left / rate if rate > 0 else float("nan")
-            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%.0f", done, s.rows_planned, rate, eta)
+            by_status = ",".join(f"{k}:{v}" for k, v in sorted(s.remote_batches.items()))
+            extra = f" batches={by_status}" if by_status else ""
+            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%.0f%s", done, s.rows_planned, rate, eta, extra)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

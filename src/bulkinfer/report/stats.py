@@ -54,6 +54,7 @@ class RunStats:
     routes: dict[str, int] = field(default_factory=dict)  # route -> rows this run ("default": the output's)
     output: OutputStats = field(default_factory=OutputStats)  # column statistics of every part in force
     drift: dict[str, Any] | None = None  # against monitor.baseline (report.drift.compare_stats)
+    remote_batches: dict[str, int] = field(default_factory=dict)  # a remote Batch API's batches by status
     dedupe: bool | str | None = None  # runtime.dedupe as it ran (auto: what the runner decided)
     empty_inputs: list[str] = field(default_factory=list)  # input files of 0 bytes (a truncated upload?)
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, rows out) per commit
@@ -139,6 +140,10 @@ class RunStats:
             self.rows_deduplicated += figures.get("rows_deduplicated", 0)
             self.rows_truncated += figures.get("rows_truncated", 0)
 
+    def remote_line(self) -> str:
+        """A remote Batch API's batches by status ("2 in_progress, 1 completed"; "" for a local model)."""
+        return ", ".join(f"{n} {status}" for status, n in sorted(self.remote_batches.items()))
+
     def mark_running(self) -> None:
         """The model is set up: throughput is measured from here."""
         self.running_since = time.perf_counter()
@@ -194,6 +199,7 @@ class RunStats:
             **({"routes": dict(self.routes)} if self.routes else {}),
             **({"drift": self.drift} if self.drift else {}),
             **({"empty_inputs": list(self.empty_inputs)} if self.empty_inputs else {}),
+            **({"remote_batches": dict(self.remote_batches)} if self.remote_batches else {}),
             "reuse": {
                 "rows_from_previous": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,

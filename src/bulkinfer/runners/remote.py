@@ -24,6 +24,7 @@ import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,9 +114,13 @@ class RemoteBatchRunner:
                 break
             self._submit(g, state, rows)
             pending.append(g)
+        seen: dict[str, str] = {}  # batch id -> status, for the progress display
         while pending and not self.stop.is_set():
             for g in list(pending):
                 batch = self.client.batches.retrieve(g.record["batch_id"])
+                seen[batch.id] = batch.status
+                self.stats.remote_batches = dict(Counter(seen.values()))
+                self.on_progress()
                 if batch.status in TERMINAL:
                     self._collect(g, batch, commit, rows)
                     pending.remove(g)
