@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import random
 import re
 import socket
@@ -22,7 +23,7 @@ import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 from standardwebhooks import Webhook
 
-from helpers import Server, cli
+from helpers import Server, cli, make_catalog, read_output, write
 from tiny_lm import WORDS
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
@@ -389,6 +390,21 @@ def test_batches_past_their_window_expire_with_the_rest_as_batch_expired_errors(
         q, _ = wait(c, queued)
         assert q.status == "expired" and q.output_file_id is None
         assert {e["custom_id"] for e in lines(c, q.error_file_id)} == second
+
+        # a table job through this server (model.kind = "remote-batch"): its batch expires half done;
+        # the answered rows are committed, the rest are error records, every row once
+        write(make_catalog(1500, seed=2), tmp_path / "table.parquet")
+        job = cli("run", "-i", "table.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
+                  "-o", "remote-out", "--progress", "none", "--set", "model.kind='remote-batch'",
+                  "--set", f"model.base_url='{server.url}/v1'", "--set", "model.endpoint='/v1/embeddings'",
+                  "--set", "model.poll_s=0.2", "--set", "execution.max_error_rate=1", cwd=tmp_path,
+                  env={**os.environ, "OPENAI_API_KEY": "unused"})  # fmt: skip
+        assert job.returncode == 0, job.stderr
+        rows = read_output(tmp_path / "remote-out")["id"].to_pylist()
+        errors = [json.loads(x) for f in (tmp_path / "remote-out" / "_errors").glob("*.jsonl")
+                  for x in f.read_text().splitlines()]  # fmt: skip
+        assert rows and errors and all("batch_expired" in e["message"] for e in errors)
+        assert sorted(rows + [e["id"] for e in errors]) == list(range(1500))
     finally:
         server.stop()
 
