@@ -223,3 +223,10 @@ def test_a_batch_the_api_refuses_as_a_whole_makes_every_row_an_error_record(remo
               for x in f.read_text().splitlines()]  # fmt: skip
     assert sorted(e["row"] for e in errors) == list(range(300))
     assert all("failed validation" in e["message"] and "too_many_requests" in e["message"] for e in errors)
+
+
+def test_a_refused_key_is_one_line_naming_its_variable(remote):
+    server, d = remote
+    refused = cli(*job_args(server, "out-badkey"), cwd=d, env=env(REMOTE_KEY="sk-wrong"))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "refused the key in REMOTE_KEY (401)" in refused.stderr.strip().splitlines()[-1]

@@ -106,6 +106,22 @@ class RemoteBatchRunner:
 
     # -- the runner contract ------------------------------------------------------------
     def run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None = None) -> None:
+        import openai
+
+        try:
+            self._run(shards, commit, rows)
+        except openai.AuthenticationError as exc:
+            raise ConfigError(
+                f"model.api_key_env: the Batch API at {self.m.base_url} refused the key in {self.m.api_key_env} "
+                f"({exc.status_code}); committed rows are kept"
+            ) from exc
+        except openai.APIError as exc:  # what retries could not fix: one line, committed rows kept, rerun resumes
+            raise ModelError(
+                f"the Batch API at {self.m.base_url}: {type(exc).__name__}: {exc}; committed rows are kept, "
+                "rerun to resume"
+            ) from exc
+
+    def _run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None) -> None:
         state = self._intents()
         groups = self._groups(shards, state, rows)
         pending: list[_Group] = []

@@ -152,8 +152,9 @@ class BatchQueue:
             self._batches[bid] = b
             self._save(b)
         self.audit.event(owner, "batch.created", bid, input_file_id=source.id, endpoint=endpoint)
+        created = b.public()  # as created: the check below may move it on before this is answered
         self._spawn(self._validate, b)
-        return b.public()
+        return created
 
     def get(self, bid: str, owner: str | None) -> dict[str, Any]:
         return self._owned(bid, owner).public()
