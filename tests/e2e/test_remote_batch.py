@@ -102,12 +102,15 @@ def test_a_client_killed_at_every_step_in_turn_reruns_to_every_row_once_without_
     assert sorted(b.request_counts.total for b in made) == [100, 200]
 
 
-def test_sigterm_leaves_the_remote_batches_running_and_the_rerun_collects_them(remote):
+@pytest.mark.parametrize("cancel", [False, True])
+def test_sigterm_leaves_the_remote_batches_running_or_cancels_them_when_told(remote, cancel):
     server, d = remote
-    args = [*job_args(server, "out-term"), "--set", "model.poll_s=30"]
+    out = f"out-term-{cancel}"
+    told = ["--set", f"model.cancel_on_stop={str(cancel).lower()}", "--set", "execution.max_error_rate=1"]
+    args = [*job_args(server, out), "--set", "model.poll_s=30", *told]
     proc = subprocess.Popen([*BULKINFER, *args], cwd=d, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
-    state = d / "out-term" / "_bulkinfer" / "remote_batches.json"
+    state = d / out / "_bulkinfer" / "remote_batches.json"
     deadline = time.monotonic() + 60
     while not (
         state.exists() and sum(bool(g["batch_id"]) for g in json.loads(state.read_text())["groups"].values()) == 2
@@ -117,11 +120,17 @@ def test_sigterm_leaves_the_remote_batches_running_and_the_rerun_collects_them(r
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 75 and time.monotonic() - t0 < 10
-    assert {b.status for b in batches_of(server, d / "out-term")} <= {"validating", "in_progress", "finalizing",
-                                                                       "completed"}  # fmt: skip
-    cli(*job_args(server, "out-term"), cwd=d, env=env(), check=True)
-    assert sorted(read_output(d / "out-term")["id"].to_pylist()) == list(range(300))
-    assert len(batches_of(server, d / "out-term")) == 2
+    statuses = {b.status for b in batches_of(server, d / out)}
+    if cancel:
+        assert statuses <= {"cancelling", "cancelled", "completed"} and statuses & {"cancelling", "cancelled"}
+    else:
+        assert statuses <= {"validating", "in_progress", "finalizing", "completed"}
+    cli(*args[:-6], *told, cwd=d, env=env(), check=True)  # the rerun polls again: nothing is created anew
+    table = read_output(d / out)  # cancelled before any answer: no part at all
+    written = table["id"].to_pylist() if "id" in table.column_names else []
+    errors = [json.loads(x)["row"] for f in (d / out / "_errors").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert sorted(written + errors) == list(range(300)) and (cancel or not errors)
+    assert len(batches_of(server, d / out)) == 2
 
 
 def test_rows_that_fail_remotely_are_error_records_and_retry_errors_resubmits_only_them(remote):
