@@ -32,7 +32,7 @@ from .generation import generate
 if TYPE_CHECKING:
     pass
 from .server import Server
-from .validation import ApiError, JSONResponse, error_response, live_inputs, read_body
+from .validation import ApiError, JSONResponse, live_inputs, read_body
 
 __all__ = ["ApiError", "Server", "build_app"]
 
@@ -95,8 +95,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         if server.batcher is not None:
             return JSONResponse({"status": "ready", "model": server.name})
         if server.setup_error:
-            return error_response(503, f"model set-up failed: {server.setup_error}", "unavailable")
-        return error_response(503, "the model is still loading", "unavailable", {"Retry-After": "1"})
+            return ApiError(503, f"model set-up failed: {server.setup_error}", "unavailable").response()
+        return ApiError(503, "the model is still loading", "unavailable", {"Retry-After": "1"}).response()
 
     async def metrics(_request: Request) -> Response:
         if server.batcher is not None:
@@ -112,7 +112,7 @@ def build_app(cfg: JobConfig) -> Starlette:
 
     async def on_error(request: Request, exc: Exception) -> Response:
         log.error("unexpected error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        return error_response(500, "internal error (see the server log)", "internal_error")
+        return ApiError(500, "internal error (see the server log)", "internal_error").response()
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> Any:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from ..core.records import redacting
 
-__all__ = ["ApiError", "JSONResponse", "check_rows", "error_response", "live_inputs", "read_body"]
+__all__ = ["ApiError", "JSONResponse", "check_rows", "live_inputs", "read_body"]
 
 NUMERIC_KINDS = ("tabular", "onnx")
 
@@ -37,7 +37,10 @@ class ApiError(Exception):
         self.param, self.code = param, code
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.kind, self.headers, param=self.param, code=self.code)
+        """``{"error": {"message", "type", "param", "code"}}``: ``code`` is the status unless the
+        route names one (the batch service's, as OpenAI's)."""
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code or self.status}
+        return JSONResponse({"error": error}, self.status, headers=self.headers)
 
 
 class JSONResponse(Response):
@@ -47,21 +50,6 @@ class JSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def error_response(
-    status: int,
-    message: str,
-    kind: str,
-    headers: dict[str, str] | None = None,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-) -> JSONResponse:
-    """``{"error": {"message", "type", "param", "code"}}``: ``code`` is the status unless a
-    route names one (the batch service's, as OpenAI's)."""
-    error = {"message": message, "type": kind, "param": param, "code": code or status}
-    return JSONResponse({"error": error}, status, headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> Any:
