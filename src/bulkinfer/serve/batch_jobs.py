@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +56,17 @@ def validate(path: Path, endpoint: str, max_requests: int) -> tuple[int, list[di
     error line later, not the file's."""
     total = objects = 0
     errors: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            total += 1
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(obj, dict):
-                continue
-            objects += 1
-            url = obj.get("url")
-            if isinstance(url, str) and url != endpoint and len(errors) < 100:
-                errors.append(_error(
-                    "mismatched_endpoint", f"line {total}: url {url!r}, but this batch's endpoint is {endpoint}; "
-                    "one endpoint per batch", total, "url",
-                ))  # fmt: skip
+    for row, obj in _lines(path):
+        total = row + 1
+        if not isinstance(obj, dict):
+            continue
+        objects += 1
+        url = obj.get("url")
+        if isinstance(url, str) and url != endpoint and len(errors) < 100:
+            errors.append(_error(
+                "mismatched_endpoint", f"line {total}: url {url!r}, but this batch's endpoint is {endpoint}; "
+                "one endpoint per batch", total, "url",
+            ))  # fmt: skip
     if total == 0:
         errors.append(_error("empty_file", "the input file holds no request (it is empty)"))
     elif objects == 0:
@@ -98,7 +91,7 @@ def run_batch(
     sees the requests answered and failed so far, after each commit. ``Interrupted`` when
     ``stop`` is set: what was committed is kept, and running it again resumes it."""
     out = Path(cfg.sink.path)
-    answered, failed = _committed(out)
+    answered, failed = _committed(Ledger(out))
 
     def counts(stats: RunStats) -> None:
         on_commit(answered + stats.rows_out, failed + stats.rows_failed)
@@ -107,11 +100,11 @@ def run_batch(
     return out / BATCH_OUTPUT, out / BATCH_ERRORS
 
 
-def _committed(out: Path) -> tuple[int, int]:
+def _committed(ledger: Ledger) -> tuple[int, int]:
     """Requests answered and failed in what an earlier run committed (0, 0 for a fresh batch)."""
-    if not (out / "_bulkinfer" / "commits.log").is_file():
+    if not ledger.log_path.is_file():
         return 0, 0
-    with Ledger(out) as ledger:
+    with ledger:
         commits = ledger.commits()
     return sum(c.rows for c in commits), sum(c.errors for c in commits)
 
@@ -121,23 +114,26 @@ def stopped_files(out: Path, input_path: Path, *, expired: bool) -> tuple[Path, 
     errors and, when it expired, a ``batch_expired`` error line for every request not run."""
     out.mkdir(parents=True, exist_ok=True)
     with Ledger(out) as ledger:
-        commits = ledger.commits() if (out / "_bulkinfer" / "commits.log").is_file() else []
+        commits = ledger.commits() if ledger.log_path.is_file() else []
         plan = ledger.read_plan()
         parts = sorted(c.file for c in commits if c.file)
         write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors if plan else [])
     if expired:
         done = [(c.start, c.stop) for c in commits]
         with open(out / BATCH_ERRORS, "a", encoding="utf-8") as errors:
-            for row, cid in _requests(input_path):
+            for row, obj in _lines(input_path):
                 if not any(a <= row < b for a, b in done):
-                    errors.write(json.dumps(_expired_line(row, cid), ensure_ascii=False) + "\n")
+                    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+                    line = _expired_line(row, cid if isinstance(cid, str) else None)
+                    errors.write(json.dumps(line, ensure_ascii=False) + "\n")
     return out / BATCH_OUTPUT, out / BATCH_ERRORS
 
 
-def _requests(path: Path) -> list[tuple[int, str | None]]:
-    """Each non-empty line's row number (as the source numbers them) and ``custom_id``."""
-    rows: list[tuple[int, str | None]] = []
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """Each non-empty line's row number (as the source numbers them) and its JSON (None when
+    the line is not JSON)."""
     with open(path, "rb") as fh:
+        row = 0
         for raw in fh:
             if not raw.strip():
                 continue
@@ -145,9 +141,8 @@ def _requests(path: Path) -> list[tuple[int, str | None]]:
                 obj = json.loads(raw)
             except ValueError:
                 obj = None
-            cid = obj.get("custom_id") if isinstance(obj, dict) else None
-            rows.append((len(rows), cid if isinstance(cid, str) else None))
-    return rows
+            yield row, obj
+            row += 1
 
 
 def _expired_line(row: int, cid: str | None) -> dict[str, Any]:
