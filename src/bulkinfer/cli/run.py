@@ -67,7 +67,7 @@ def run(
         Path | None, typer.Option(help="Run again only the rows in OUTPUT/_errors/ (the job comes from OUTPUT).")
     ] = None,
     progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
-    backend: Annotated[str | None, typer.Option(help="local (this process) or ray.")] = None,
+    backend: Annotated[str | None, typer.Option(help="local (this process), ray or spark.")] = None,
     ray_address: Annotated[
         str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
     ] = None,
@@ -153,9 +153,15 @@ def run(
         )
     if "backend" in r:
         b = r["backend"]
-        typer.echo(
-            f"ray: {b['workers']} worker(s), {b['splits']} straggler split(s), {b['requeued']} shard(s) re-queued, "
-            f"{b['discarded']} duplicate attempt(s) discarded, {b['workers_lost']} worker(s) lost"
-        )
+        if b["name"] == "spark":
+            typer.echo(
+                f"spark: {b['master']}, {b['slots']} task slot(s), {b['tasks']} shard task(s), "
+                f"{b['task_retries']} task retr{'y' if b['task_retries'] == 1 else 'ies'}, {b['cancelled']} cancelled"
+            )
+        else:
+            typer.echo(
+                f"ray: {b['workers']} worker(s), {b['splits']} straggler split(s), {b['requeued']} shard(s) "
+                f"re-queued, {b['discarded']} duplicate attempt(s) discarded, {b['workers_lost']} worker(s) lost"
+            )
     if r["cost"]["per_million_rows"] is not None and r["cost"]["instance_price_per_hour"]:
         typer.echo(f"cost: {r['cost']['per_million_rows']:.4f} {r['cost']['currency']} per million rows")

@@ -10,14 +10,23 @@ from .base import Section
 
 
 class ExecutionConfig(Section):
-    backend: Literal["local", "ray"] = "local"
-    """Where shards run: this process, or Ray actors (a local Ray instance or an existing cluster)."""
+    backend: Literal["local", "ray", "spark"] = "local"
+    """Where shards run: this process, Ray actors (a local Ray instance or an existing cluster), or
+    Spark tasks (a local master or an existing cluster)."""
     ray_address: str | None = None
     """Ray cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); None starts a local Ray instance."""
+    spark_master: str | None = None
+    """Spark master URL for backend = "spark" (``local[*]``, ``local[4,3]`` for 3 attempts per task,
+    ``spark://host:7077``, ``yarn``, ``k8s://...``); None: the session this process already runs, else
+    ``local[*]``."""
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    """Spark settings for the session a spark job starts (``spark.executor.memory``, ...)."""
     workers: int | None = Field(default=None, ge=1)
-    """Ray workers (actors); None: as many as the cluster's CPUs fit at ``num_cpus`` each."""
+    """Ray workers (actors), or Spark shards in flight; None: as many as the cluster's CPUs fit at
+    ``num_cpus`` each."""
     num_cpus: float = Field(default=1.0, gt=0)
-    """CPUs each Ray worker reserves; its model runs that many intra-op threads."""
+    """CPUs each Ray worker (or Spark task: ``spark.task.cpus``, whole CPUs) reserves; its model runs
+    that many intra-op threads."""
     num_gpus: float = Field(default=0.0, ge=0)
     """GPUs each Ray worker reserves (fractions share a GPU)."""
     worker_timeout_s: float = Field(default=60.0, gt=0)

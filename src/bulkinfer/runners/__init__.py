@@ -1,5 +1,6 @@
-"""Where shards run, behind one contract (``base``): ``local`` (this process, threads) and
-``ray`` (actors; only that module imports ray). :func:`make_runner` picks one."""
+"""Where shards run, behind one contract (``base``): ``local`` (this process, threads), ``ray``
+(actors; only that package imports ray) and ``spark`` (tasks; with :mod:`bulkinfer.spark`, the
+only importers of pyspark), the last two through the same ``worker``. :func:`make_runner` picks one."""
 
 from __future__ import annotations
 
@@ -31,4 +32,8 @@ def make_runner(
         from .ray import RayRunner
 
         return RayRunner(cfg, adapter, stats, stop)
+    if backend == "spark":
+        from .spark import SparkRunner
+
+        return SparkRunner(cfg, adapter, stats, stop)
     return LocalRunner(cfg, adapter, stats, stop)

@@ -68,7 +68,7 @@ class RemoteBatchRunner:
     def __init__(self, cfg: JobConfig, adapter: RemoteRequests, stats: RunStats, stop: threading.Event,
                  ledger: Any) -> None:  # fmt: skip
         if cfg.execution.backend != "local":
-            raise ConfigError("execution.backend: a remote-batch model runs from one client; drop backend = ray")
+            raise ConfigError("execution.backend: a remote-batch model runs from one client; use the local backend")
         if cfg.sink.input_hash or cfg.source.previous:
             raise ConfigError("source.previous / sink.input_hash: incremental runs are not done for remote-batch yet")
         self.cfg, self.adapter, self.stats, self.stop, self.ledger = cfg, adapter, stats, stop, ledger

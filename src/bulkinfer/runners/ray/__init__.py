@@ -23,8 +23,8 @@ Only this package imports ray: ``cluster`` (joining, fitting, deciding on a work
 
 from __future__ import annotations
 
+from ..worker import Worker
 from .cluster import auto_on_cluster, connect, disconnect
 from .driver import RayRunner
-from .worker import Worker
 
 __all__ = ["RayRunner", "Worker", "auto_on_cluster", "connect", "disconnect"]

@@ -16,10 +16,10 @@ from typing import Any
 from ...adapters import resolve_model
 from ...config import ExecutionConfig, JobConfig
 from ...core.errors import BulkinferError, ClusterError, ConfigError
-from ...core.storage import use_storage_options
 from ...precision.tune import auto_precision
+from ..worker import enter
 
-__all__ = ["auto_on_cluster", "capacity", "connect", "disconnect", "enter", "ray_module", "workers_that_fit"]
+__all__ = ["auto_on_cluster", "capacity", "connect", "disconnect", "ray_module", "workers_that_fit"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -32,19 +32,6 @@ def ray_module() -> Any:
             "execution.backend = 'ray' needs Ray: pip install 'bulkinfer[ray]' (or 'ray[default]')"
         ) from exc
     return ray
-
-
-def enter(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> JobConfig:
-    """A worker process takes the driver's view: its working directory (relative input paths and
-    custom modules resolve as there), its import paths and storage options; the job's config."""
-    if os.path.isdir(cwd):
-        os.chdir(cwd)
-    for p in reversed(paths):
-        if p not in sys.path and os.path.isdir(p):
-            sys.path.insert(0, p)
-    cfg = JobConfig.model_validate(cfg_json)
-    use_storage_options(cfg.source.storage_options, cfg.source.paths)  # this process reads too
-    return cfg
 
 
 _CONNECTED_HERE = False

@@ -23,8 +23,8 @@ from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
 from ..base import Committing, Gate
+from ..worker import Worker
 from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit
-from .worker import Worker
 
 __all__ = ["RayRunner"]
 

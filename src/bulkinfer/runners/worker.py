@@ -1,36 +1,53 @@
-"""A Ray worker actor: takes the driver's view, sets the job's adapter up once, then runs the
-shards the driver hands it through the local runner, staging each part under a temporary
-name for the driver to commit."""
+"""A worker process of a cluster backend (a Ray actor, a Spark task's Python worker): it takes
+the driver's view, sets the job's adapter up once, then runs the shards the driver hands it
+through the local runner, staging each part under a temporary name for the driver to commit.
+Nothing here imports a cluster framework."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from typing import Any
 
 import pyarrow as pa
 
-from ...adapters import job_setup_context
-from ...commit.committer import PartStamp, stage_routed
-from ...commit.routing import compile_routes
-from ...core.errors import BulkinferError
-from ...core.records import redact
-from ...precision.gate import gate_figures
-from ...precision.settle import settle
-from ...report import RunStats
-from ...sinks import StagedOutput, make_sink
-from ...sources import Shard
-from ..local import LocalRunner
-from ..reuse import WindowReuse
-from ..window import Assembler
-from .cluster import enter
+from ..adapters import job_setup_context
+from ..commit.committer import PartStamp, stage_routed
+from ..commit.routing import compile_routes
+from ..config import JobConfig
+from ..core.errors import BulkinferError
+from ..core.records import redact
+from ..core.storage import use_storage_options
+from ..precision.gate import gate_figures
+from ..precision.settle import settle
+from ..report import RunStats
+from ..sinks import StagedOutput, make_sink
+from ..sources import Shard
+from .local import LocalRunner
+from .reuse import WindowReuse
+from .window import Assembler
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "enter"]
+
+
+def enter(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> JobConfig:
+    """A worker process takes the driver's view: its working directory (relative input paths and
+    custom modules resolve as there), its import paths and storage options; the job's config."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    for p in reversed(paths):
+        if p not in sys.path and os.path.isdir(p):
+            sys.path.insert(0, p)
+    cfg = JobConfig.model_validate(cfg_json)
+    use_storage_options(cfg.source.storage_options, cfg.source.paths)  # this process reads too
+    return cfg
 
 
 class Worker:
-    """A Ray actor: sets the adapter up once, then runs shards handed to it by the driver."""
+    """Sets the adapter up once, then runs shards handed to it by the driver (a Ray actor wraps
+    it; a Spark task's Python worker keeps one per job)."""
 
     def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
         self.cfg = enter(cfg_json, cwd, paths)
@@ -91,3 +108,8 @@ class Worker:
     def split(self, index: int, at: int, stop: int) -> int | None:
         runner = self.runner
         return runner.split(index, at, stop) if runner is not None else None
+
+    def close(self) -> None:
+        """Release the model (a process that outlives the job, as a Spark Python worker does)."""
+        if self.error is None:
+            self.adapter.close()
