@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     # or the same on a cluster node that has the job's device (the Ray runner)
     GateFigures = Callable[[JobConfig, Adapter, ResolvedModel, list[Shard]], dict[str, Any]]
 
-__all__ = ["compare_embeddings", "job_quality_gate", "partial_int8", "quality_gate", "run_adapter", "searchable"]
+__all__ = [
+    "compare_embeddings",
+    "job_quality_gate",
+    "partial_int8",
+    "quality_gate",
+    "run_adapter",
+    "sample_figures",
+    "searchable",
+]
 
 log = logging.getLogger("bulkinfer")
 
@@ -167,11 +175,16 @@ def job_quality_gate(
 def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> dict[str, Any]:
     """The gate's figures for ``adapter`` (set up, in the job's precision) against fp32 on the
     job's rows; the int8 search when full int8 fails and may be searched."""
+    sample = sample_rows(shards, list(adapter.input_columns), cfg.runtime.quality_sample_rows)
+    return sample_figures(cfg, adapter, model, sample)
+
+
+def sample_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample: pa.Table) -> dict[str, Any]:
+    """:func:`gate_figures` on rows already taken (a DataFrame's sample, for ``bulkinfer.spark.predict``)."""
     rt = cfg.runtime
     # the reference is plain fp32: not TensorRT's, whose fp32 may round through TF32
     fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32", "tensorrt": False})})
     reference = build_adapter(fp32_cfg, model)
-    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
     threads = rt.threads or available_cpus()
     try:
         figures = quality_gate(
