@@ -112,3 +112,20 @@ def test_settings_that_cannot_hold_are_refused(spark):
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
             predict(df, "minilm", **kwargs)
+
+
+def test_the_docs_example_runs_as_written(tmp_path, spark, monkeypatch):
+    import re
+    from pathlib import Path
+
+    import pyarrow.dataset as pads
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
+    code = re.search(r"<!-- spark-example -->\n```python\n(.*?)```", page, re.S).group(1)
+    write(make_catalog(40, seed=3), tmp_path / "catalog.parquet")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/spark.md", "exec"), {})  # getOrCreate() finds this module's session
+    got = pads.dataset(tmp_path / "embeddings", format="parquet").to_table().sort_by("id")
+    assert got.column_names == ["id", "embedding", "_error"]
+    assert got["id"].to_pylist() == list(range(40)) and got["_error"].null_count == 40
+    assert {len(v) for v in got["embedding"].to_pylist()} == {384}

@@ -79,9 +79,9 @@ LAYERS = {
     "engines": 2, "llm": 2,
     "adapters": 3,
     "plan": 4, "sinks": 4,
-    "precision": 5, "runners": 5, "commit": 5, "report": 5, "outputs": 5,
-    "job": 6, "serve": 6,
-    "cli": 7,
+    "precision": 5, "runners": 5, "commit": 5, "report": 5, "outputs": 5, "spark": 5,
+    "job": 6, "serve": 6, "orchestrate": 6,
+    "cli": 7, "airflow": 7, "dagster": 7,
     "__main__": 8, "": 8,
 }  # fmt: skip
 

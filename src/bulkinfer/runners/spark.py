@@ -37,6 +37,7 @@ from typing import Any
 
 from ..adapters import Adapter, job_setup_context
 from ..config import JobConfig
+from ..core import hardware
 from ..core.errors import BulkinferError, ConfigError, ModelError
 from ..precision.settle import after_gate
 from ..report import RunStats
@@ -124,6 +125,11 @@ class SparkRunner:
     def start(self, gate: Gate) -> None:
         """The quality gate (a lowered precision only) with this process's model, then the session."""
         if self.cfg.runtime.precision != "fp32":
+            if not hardware.device_here(self.cfg.runtime.device):
+                raise ConfigError(
+                    f"runtime.precision = {self.cfg.runtime.precision}: the quality gate runs on the Spark driver, "
+                    f"which has no {self.cfg.runtime.device}; run the driver where the device is, or use fp32"
+                )
             self.adapter.setup(job_setup_context(self.cfg))
             try:
                 gate()

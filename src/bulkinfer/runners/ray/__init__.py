@@ -17,8 +17,9 @@ deleted. An idle worker takes the second half of the remaining rows of a running
 (``execution.split_min_rows``). The driver keeps no state that the ledger does not:
 after the driver dies, rerunning the command resumes.
 
-Only this package imports ray: ``cluster`` (joining, fitting, deciding on a worker),
-``worker`` (the actor) and ``driver`` (:class:`RayRunner`).
+Only this package imports ray: ``cluster`` (joining, fitting, deciding on a worker) and
+``driver`` (:class:`RayRunner`); the actor is :class:`bulkinfer.runners.worker.Worker`, shared with
+the Spark backend.
 """
 
 from __future__ import annotations
