@@ -24,13 +24,13 @@ MODEL = textwrap.dedent("""
     import pyarrow.compute as pc
 
     def slow_double(table):
-        time.sleep(0.01 * table.num_rows)
+        time.sleep(0.02 * table.num_rows)
         return {"y": pc.multiply(table["x"], 2)}
 """)
 
-ROWS = 600
+ROWS = 300
 ARGS = ["-i", "in.parquet", "-m", "sparkfaults:slow_double", "--feature-columns", "x", "--id-column", "id",
-        "--shard-rows", "50", "--output", "out", "--progress", "none", "--backend", "spark",
+        "--shard-rows", "25", "--output", "out", "--progress", "none", "--backend", "spark",
         "--set", "execution.spark_master=local[2]"]  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def test_sigterm_then_sigkill_then_resume_every_row_once(tmp_path):
     assert first.returncode == 75, stderr
     assert "interrupted; committed rows are kept" in stderr
     after_term = Ledger(out).commits()
-    assert 2 <= len(after_term) < ROWS // 50
+    assert 2 <= len(after_term) < ROWS // 25
 
     second = _start(tmp_path)
     wait_commits(out, len(after_term) + 3, second)

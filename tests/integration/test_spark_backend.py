@@ -76,13 +76,13 @@ def _counts(tmp_path, n):
 
 
 def test_spark_embeddings_equal_local(tmp_path, spark):
-    write(make_catalog(300, seed=5), tmp_path / "in.parquet", row_group_size=100)
-    common = {"model.name": "minilm", "model.text_column": "description", "source.shard_rows": 100}
+    write(make_catalog(120, seed=5), tmp_path / "in.parquet", row_group_size=40)
+    common = {"model.name": "minilm", "model.text_column": "description", "source.shard_rows": 40}
     run_job(_cfg(tmp_path / "local", [tmp_path / "in.parquet"], **common))
     result = run_job(_cfg(tmp_path / "spark", [tmp_path / "in.parquet"], **common, **{"execution.backend": "spark"}))
     local = read_output(tmp_path / "local").sort_by("id")
     got = read_output(tmp_path / "spark").sort_by("id")
-    assert got["id"].to_pylist() == local["id"].to_pylist() == list(range(300))
+    assert got["id"].to_pylist() == local["id"].to_pylist() == list(range(120))
     a = np.stack(local["embedding"].to_numpy(zero_copy_only=False))
     b = np.stack(got["embedding"].to_numpy(zero_copy_only=False))
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -90,7 +90,7 @@ def test_spark_embeddings_equal_local(tmp_path, spark):
     backend = result.report["backend"]
     assert backend["name"] == "spark" and backend["master"] == "local[2,3]"
     assert backend["tasks"] == 3 and backend["slots"] == 2 and backend["task_retries"] == 0
-    assert json.loads((tmp_path / "spark" / "_SUCCESS").read_text())["rows"] == 300
+    assert json.loads((tmp_path / "spark" / "_SUCCESS").read_text())["rows"] == 120
 
 
 def test_spark_tabular_equals_local_with_exports_and_routes(tmp_path, spark, redis_server):

@@ -31,7 +31,8 @@ MODELS = textwrap.dedent("""
 def spark():
     from bulkinfer.spark.session import spark_session
 
-    session, _ = spark_session("local[2]", {"spark.sql.execution.arrow.maxRecordsPerBatch": "64"})
+    # one task slot: one Python worker sets each model up (the backend's tests run two)
+    session, _ = spark_session("local[1]", {"spark.sql.execution.arrow.maxRecordsPerBatch": "64"})
     yield session
     session.stop()
 
@@ -114,7 +115,7 @@ def test_settings_that_cannot_hold_are_refused(spark):
             predict(df, "minilm", **kwargs)
 
 
-def test_the_docs_example_runs_as_written(tmp_path, spark, monkeypatch):
+def test_the_docs_example_runs_as_written(tmp_path, spark):
     import re
     from pathlib import Path
 
@@ -123,7 +124,11 @@ def test_the_docs_example_runs_as_written(tmp_path, spark, monkeypatch):
     page = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
     code = re.search(r"<!-- spark-example -->\n```python\n(.*?)```", page, re.S).group(1)
     write(make_catalog(40, seed=3), tmp_path / "catalog.parquet")
-    monkeypatch.chdir(tmp_path)
+    # Spark resolves a relative path against its JVM's working directory (this session's: the
+    # repository's), so the example's paths are made absolute; the code is the page's
+    for name in ('"catalog.parquet"', '"embeddings"'):
+        assert name in code
+        code = code.replace(name, repr(str(tmp_path / name.strip('"'))))
     exec(compile(code, "docs/spark.md", "exec"), {})  # getOrCreate() finds this module's session
     got = pads.dataset(tmp_path / "embeddings", format="parquet").to_table().sort_by("id")
     assert got.column_names == ["id", "embedding", "_error"]
