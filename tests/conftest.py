@@ -12,21 +12,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# `make test` hands whole modules to two xdist workers in collection order: the longest modules
-# go first, so that neither worker is left running a long one alone at the end (measured:
-# `--durations`, the modules whose tests take the most seconds together)
-LONGEST_FIRST = [
-    "test_ray_backend", "test_ray_faults", "test_batch_service", "test_resume", "test_serve",
-    "test_cpu_kinds", "test_spark_faults", "test_object_store", "test_tune", "test_docs",
-    "test_engines", "test_orchestrators", "test_spark_backend", "test_spark_predict", "test_remote_batch",
-    "test_serve_generate", "test_recommend_demo", "test_errors", "test_text_embedding", "test_cli",
-]  # fmt: skip
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order is kept
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _compile_cache(tmp_path_factory: pytest.TempPathFactory):
