@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..core.errors import ModelError
 from .base import Adapter, RowsRejected, SetupContext
+from .tokenizer import load_tokenizer
 
 __all__ = ["TextEmbeddingAdapter", "is_sentence_transformers_dir"]
 
@@ -139,13 +140,11 @@ class TextEmbeddingAdapter(Adapter):
         self.dimension: int | None = self.layout.dimension
 
     def setup(self, ctx: SetupContext) -> None:
-        from transformers import AutoTokenizer
-
         from ..core.hardware import feed_the_gpu
 
         feed_the_gpu(ctx.device)
         try:
-            tok = AutoTokenizer.from_pretrained(str(self.layout.transformer_dir), local_files_only=True)
+            tok = load_tokenizer(self.layout.transformer_dir)
         except (OSError, ValueError) as exc:
             raise ModelError(f"{self.layout.transformer_dir}: cannot load the tokenizer ({exc})") from exc
         if self.max_seq_length is None:

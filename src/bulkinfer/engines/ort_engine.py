@@ -67,15 +67,11 @@ CPU_UNFUSED = ["SkipLayerNormFusion"]  # onnxruntime's fusions a CPU session ski
 
 
 def _versions() -> dict[str, str]:
-    import onnxruntime
-    import torch
-    import transformers
+    """The exporting libraries' versions (part of a cache entry's key), read from their installed
+    metadata: importing torch and transformers to ask would cost seconds at every start."""
+    from importlib.metadata import version
 
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }
+    return {name: version(name) for name in ("torch", "transformers", "onnxruntime")}
 
 
 def cache_entry(
