@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_incremental.py 20000
 	$(PY) bench/bench_planning.py 10000 2000
 	$(PY) bench/bench_int8_static.py 2000 128
+	$(PY) bench/bench_spark.py 3000 --rounds 2
 
 clean:
 	rm -rf $(VENV) $(DEMO) site bench/_work .pytest_cache .mypy_cache .ruff_cache .hypothesis

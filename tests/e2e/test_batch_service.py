@@ -388,8 +388,15 @@ def test_batches_past_their_window_expire_with_the_rest_as_batch_expired_errors(
         assert answered | {e["custom_id"] for e in expired} == first and len(answered) + len(expired) == 3000
         assert (b.request_counts.completed, b.request_counts.failed) == (len(answered), len(expired))
         q, _ = wait(c, queued)
-        assert q.status == "expired" and q.output_file_id is None
-        assert {e["custom_id"] for e in lines(c, q.error_file_id)} == second
+        # the queued batch's window ends a moment after the first's (it was created a moment later):
+        # on a fast machine it runs and completes in that moment, on a slower one it expires before it
+        # starts (tests/unit/test_batch_store.py checks those error lines); each request once either way
+        if q.status == "expired":
+            assert q.output_file_id is None
+            assert {e["custom_id"] for e in lines(c, q.error_file_id)} == second
+        else:
+            assert q.status == "completed" and q.error_file_id is None
+            assert {x["custom_id"] for x in lines(c, q.output_file_id)} == second
 
         # a table job through this server (model.kind = "remote-batch"): its batch expires half done;
         # the answered rows are committed, the rest are error records, every row once
