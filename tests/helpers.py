@@ -31,6 +31,27 @@ def tabular_table(n: int, seed: int = 0, start: int = 0) -> pa.Table:
     )
 
 
+def job_config(out: Path, paths: list[Path], **extra: object):
+    """A job over ``paths`` into ``out`` with ids in ``id``, no progress display, and ``extra``
+    (dotted settings)."""
+    from bulkinfer import load_config
+
+    base = {"source.paths": [str(p) for p in paths], "source.id_column": "id", "sink.path": str(out),
+            "execution.progress": "none"}  # fmt: skip
+    return load_config(overrides={**base, **extra})
+
+
+def fresh_module(tmp_path: Path, monkeypatch, prefix: str, source: str) -> str:
+    """``source`` as an importable module of a fresh name (a cluster's reused worker processes keep
+    modules they imported: a test's own module must not be an earlier test's)."""
+    import uuid
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
 def write(table: pa.Table, path: Path, row_group_size: int | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".parquet":

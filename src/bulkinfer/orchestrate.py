@@ -9,7 +9,6 @@ exactly as it does under Kubernetes."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -19,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from .config import JobConfig, load_config
+from .config.load import toml_value
 from .core.errors import Interrupted
 from .core.storage import use_storage_options
 from .outputs.read import normalise, private_json
 
-__all__ = ["JobProcess", "Outcome", "toml_value"]
+__all__ = ["JobProcess", "Outcome"]
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,7 @@ class JobProcess:
 
     def run(self, log: Callable[[str], None]) -> Outcome:
         """Run to the end, each line the job prints passed to ``log``."""
-        self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             log(line.rstrip("\n"))
@@ -77,18 +75,3 @@ class JobProcess:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def toml_value(value: Any) -> str:
-    """``value`` as a TOML value for ``--set`` (a string stays a string even when it looks like a number)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a TOML basic string: these escapes are TOML's too
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"override value {value!r}: use a string, number, boolean, list or table")

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bulkinfer.orchestrate import toml_value
+from bulkinfer.config.load import toml_value
 
 from helpers import read_output, write
 

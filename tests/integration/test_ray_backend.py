@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.adapters import build_adapter, resolve_model
 from bulkinfer.commit.committer import Committer
 from bulkinfer.commit.ledger import Ledger
@@ -24,7 +24,7 @@ from bulkinfer.report import RunStats
 from bulkinfer.sinks import make_sink
 from bulkinfer.sources import list_inputs, plan_shards
 
-from helpers import cli, make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import cli, fresh_module, job_config, make_catalog, read_output, tabular_table, train_classifier, write
 
 ADAPTERS = textwrap.dedent("""
     import time
@@ -48,21 +48,12 @@ def local_ray():
 
 @pytest.fixture()
 def user_module(tmp_path, monkeypatch):
-    name = f"raymodels_{uuid.uuid4().hex[:8]}"  # Ray may reuse worker processes: a fresh name each test
-    (tmp_path / f"{name}.py").write_text(ADAPTERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    name = fresh_module(tmp_path, monkeypatch, "raymodels", ADAPTERS)
     yield name
     sys.modules.pop(name, None)
 
 
-def _cfg(out, paths, **extra):
-    base = {
-        "source.paths": [str(p) for p in paths],
-        "source.id_column": "id",
-        "sink.path": str(out),
-        "execution.progress": "none",
-    }
-    return load_config(overrides={**base, **extra})
+_cfg = job_config
 
 
 def _success(out):

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bulkinfer import ConfigError, load_config, run_job
+from bulkinfer import ConfigError, run_job
 
-from helpers import make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import fresh_module, job_config, make_catalog, read_output, tabular_table, train_classifier, write
 
 MODELS = textwrap.dedent("""
     import os, signal
@@ -52,21 +52,12 @@ def spark():
 
 @pytest.fixture()
 def user_module(tmp_path, monkeypatch):
-    name = f"sparkmodels_{uuid.uuid4().hex[:8]}"  # Python workers are reused: a fresh name each test
-    (tmp_path / f"{name}.py").write_text(MODELS.format(marker=str(tmp_path / "crashed")))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    name = fresh_module(tmp_path, monkeypatch, "sparkmodels", MODELS.format(marker=str(tmp_path / "crashed")))
     yield name
     sys.modules.pop(name, None)
 
 
-def _cfg(out, paths, **extra):
-    base = {
-        "source.paths": [str(p) for p in paths],
-        "source.id_column": "id",
-        "sink.path": str(out),
-        "execution.progress": "none",
-    }
-    return load_config(overrides={**base, **extra})
+_cfg = job_config
 
 
 def _counts(tmp_path, n):

@@ -3,6 +3,7 @@ one-line errors; and every field's documentation (:func:`field_docs`)."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,6 +30,21 @@ def _format_validation_error(exc: ValidationError, origin: str) -> str:
         msg = f"{msg} (got {err['input']!r})"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{origin}: {loc}: {msg}{more}"
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML value for ``--set`` (a string stays a string even when it looks like a number)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a TOML basic string: these escapes are TOML's too
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"override value {value!r}: use a string, number, boolean, list or table")
 
 
 def parse_value(text: str) -> Any:

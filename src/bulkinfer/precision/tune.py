@@ -26,6 +26,7 @@ from typing import Any
 
 from ..adapters import GPU_BATCH_SIZES, SetupContext, available_cpus, build_adapter, resolve_model
 from ..config import JobConfig
+from ..config.load import toml_value
 from ..core.errors import BulkinferError, ConfigError, QualityGateError
 from ..core.storage import use_storage_options
 from ..engines import choose_engine, default_cache_dir
@@ -423,20 +424,6 @@ def auto_batch_size(cfg: JobConfig, model_digest: str, hint: int | None = None) 
     return int(best["batch_size"]), f"measured by bulkinfer tune: {best['rows_per_s']} rows/s, {path}"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
-
-
 def to_toml(cfg: JobConfig, header: str = "") -> str:
     """The config as TOML, one section per concern: the fields the job set and the ones tune
     chose, nothing left at its default (fields at None are omitted too)."""
@@ -445,5 +432,5 @@ def to_toml(cfg: JobConfig, header: str = "") -> str:
         tables = values if isinstance(values, list) else [values]  # [[export]] is an array of tables
         for table in tables:
             lines.append(f"\n[[{section}]]" if isinstance(values, list) else f"\n[{section}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
+            lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items() if v is not None)
     return "\n".join(lines).lstrip("\n") + "\n"
