@@ -134,3 +134,15 @@ def test_the_docs_example_runs_as_written(tmp_path, spark):
     assert got.column_names == ["id", "embedding", "_error"]
     assert got["id"].to_pylist() == list(range(40)) and got["_error"].null_count == 40
     assert {len(v) for v in got["embedding"].to_pylist()} == {384}
+
+
+def test_a_text_over_the_limit_is_refused_alone_when_truncate_is_off(spark):
+    catalog = make_catalog(20, seed=8)
+    texts = catalog["description"].to_pylist()
+    texts[7] = "word " * 3000
+    df = _df(spark, catalog.set_column(catalog.schema.get_field_index("description"), "description", [texts]))
+    got = predict(df, "minilm", text_column="description", truncate=False).toArrow().sort_by("id")
+    errors = got["_error"].to_pylist()
+    assert errors[7].startswith("ValueError: the text has ") and "over the model's limit of 256" in errors[7]
+    assert [e for i, e in enumerate(errors) if i != 7] == [None] * 19
+    assert got["embedding"].to_pylist()[7] is None and got["embedding"].null_count == 1

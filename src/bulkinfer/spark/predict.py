@@ -21,12 +21,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, build_adapter, job_setup_context, predict_table, resolve_model
 from ..config import JobConfig, load_config
 from ..config.model import ModelConfig
 from ..config.runtime import RuntimeConfig
+from ..core.batching import bisect_call
 from ..core.errors import ConfigError
 from ..precision.gate import sample_figures
 from ..precision.settle import after_gate, settle
@@ -193,29 +195,42 @@ def _with_outputs(adapter: Adapter, batch: pa.RecordBatch, size: int, types: Map
 def _isolated(adapter: Adapter, table: pa.Table, size: int,
               types: Mapping[str, pa.DataType]) -> tuple[dict[str, pa.Array], list[str | None]]:  # fmt: skip
     """Outputs of ``table``'s rows, a failing row's as nulls with its error: the whole table in one
-    go when it runs, else halves, down to single rows."""
+    go when it runs, else bisected down to the rows that fail alone (``core.batching.bisect_call``,
+    as a job's batches are); rows the adapter rejects up front are set aside at once."""
     n = table.num_rows
-    if n == 0:
-        return {name: pa.array([], t) for name, t in types.items()}, []
     try:
-        got = predict_table(adapter, table, size)
-        return {name: got[name].cast(t) for name, t in types.items()}, [None] * n
+        return _outputs(adapter, table, size, types), [None] * n
     except RowsRejected as rejected:  # rows the adapter will not run: their errors, the others again
         keep = [i for i in range(n) if i not in rejected.errors]
         columns, kept_errors = _isolated(adapter, table.take(keep), size, types)
         where = {row: k for k, row in enumerate(keep)}
         take = pa.array([where.get(i) for i in range(n)], pa.int64())
-        errors = [kept_errors[where[i]] if i in where else _error(rejected.errors[i]) for i in range(n)]
-        return {name: col.take(take) for name, col in columns.items()}, errors
-    except Exception as exc:
-        if n == 1:
-            return {name: pa.nulls(1, t) for name, t in types.items()}, [_error(exc)]
-        half = n // 2
-        left, left_errors = _isolated(adapter, table.slice(0, half), size, types)
-        right, right_errors = _isolated(adapter, table.slice(half), size, types)
-        joined = {name: pa.concat_arrays([left[name], right[name]]) for name in types}
-        return joined, left_errors + right_errors
+        said = [kept_errors[where[i]] if i in where else _error(rejected.errors[i]) for i in range(n)]
+        return {name: col.take(take) for name, col in columns.items()}, said
+    except Exception:
+        pass
+    done, failed = bisect_call(
+        np.arange(n), lambda idx: _outputs(adapter, table.take(pa.array(idx)), size, types), known_bad=True
+    )
+    errors: list[str | None] = [None] * n
+    for row, exc in failed:
+        errors[row] = _error(exc)
+    at = np.full(n, -1, dtype=np.int64)  # each row's place in the pieces joined, -1: failed
+    joined = np.concatenate([idx for idx, _ in done]) if done else np.empty(0, np.int64)
+    at[joined] = np.arange(len(joined))
+    take = pa.array(at, mask=at < 0)
+    return {
+        name: (pa.concat_arrays([got[name] for _, got in done]) if done else pa.array([], t)).take(take)
+        for name, t in types.items()
+    }, errors
+
+
+def _outputs(adapter: Adapter, table: pa.Table, size: int, types: Mapping[str, pa.DataType]) -> dict[str, pa.Array]:
+    got = predict_table(adapter, table, size)
+    return {name: got[name].cast(t) for name, t in types.items()}
 
 
 def _error(exc: BaseException) -> str:
+    if isinstance(exc, RowsRejected) and len(exc.errors) == 1:  # one row, rejected up front: its own reason
+        exc = next(iter(exc.errors.values()))
     return f"{type(exc).__name__}: {exc}"
