@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +15,7 @@ import pytest
 
 from bulkinfer import OutputError, load_config, run_job
 
-from helpers import BULKINFER, cli, wait_commits, write
+from helpers import BULKINFER, cli, read_output, wait_commits, write
 
 MODEL = """
 import os
@@ -97,12 +98,14 @@ def test_redis_hash_and_json_encodings(job, redis_server):
             {"kind": "redis", "url": redis_server.url, "key": prefix + "{id}", "versioned": False},
             {"kind": "redis", "url": redis_server.url, "key": "j" + prefix + "{id}", "encoding": "json",
              "columns": ["score"], "versioned": False, "ttl_s": 600},
-        ]
+        ],
+        **{"sink.input_hash": True},
     )  # fmt: skip
     run_job(cfg)
+    assert "_input_hash" in read_output(Path("out")).column_names  # the output keeps its rows' input hashes
     r = redis_server.client()
     h = r.hgetall(f"{prefix}12")
-    assert set(h) == {b"embedding", b"score"}
+    assert set(h) == {b"embedding", b"score"}  # an export stores the model's outputs, not the hashes
     assert np.frombuffer(h[b"embedding"], dtype=np.float32).tolist() == expected_vector(12).tolist()
     assert float(h[b"score"]) == pytest.approx(0.012)
     assert json.loads(r.get(f"j{prefix}12")) == {"score": pytest.approx(0.012)}

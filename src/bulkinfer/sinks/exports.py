@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import OutputError
+from ..core.layout import HASH_COLUMN
 
 if TYPE_CHECKING:
     from ..plan import JobPlan
@@ -76,7 +77,8 @@ def retrying(
 
 
 def value_columns(table: pa.Table, chosen: Sequence[str], kept: Sequence[str], where: str) -> list[str]:
-    """The columns a target stores: ``chosen``, else every model output column (not a kept input)."""
+    """The columns a target stores: ``chosen``, else every model output column (not a kept input, nor the
+    input hashes an output keeps for incremental runs)."""
     if chosen:
         missing = [c for c in chosen if c not in table.column_names]
         if missing:
@@ -84,7 +86,7 @@ def value_columns(table: pa.Table, chosen: Sequence[str], kept: Sequence[str], w
                 f"{where}.columns: {missing[0]!r} is not an output column (there are {', '.join(table.column_names)})"
             )
         return list(chosen)
-    return [c for c in table.column_names if c not in kept]
+    return [c for c in table.column_names if c not in kept and c != HASH_COLUMN]
 
 
 def is_vector(col: pa.ChunkedArray | pa.Array) -> bool:
