@@ -15,7 +15,7 @@ import pyarrow as pa
 from ..core.errors import ModelError
 from .base import Adapter
 
-__all__ = ["FunctionAdapter", "load_custom"]
+__all__ = ["FunctionAdapter", "add_import_paths", "load_custom"]
 
 
 class FunctionAdapter(Adapter):
@@ -27,6 +27,14 @@ class FunctionAdapter(Adapter):
 
     def predict(self, batch: pa.Table) -> Any:
         return self.fn(batch)
+
+
+def add_import_paths(paths: Sequence[str]) -> None:
+    """Put the driver's import ``paths`` (those that exist here) ahead of this worker process's own,
+    so a ``module:attr`` model the driver imported imports here too (a Ray actor, a Spark task)."""
+    for p in reversed(paths):
+        if p not in sys.path and Path(p).is_dir():
+            sys.path.insert(0, p)
 
 
 def _import_attr(spec: str) -> Any:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 from typing import Any
 
 import pyarrow as pa
 
 from ..adapters import job_setup_context
+from ..adapters.custom import add_import_paths
 from ..commit.committer import PartStamp, stage_routed
 from ..commit.routing import compile_routes
 from ..config import JobConfig
@@ -37,9 +37,7 @@ def enter(cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> JobConfig:
     custom modules resolve as there), its import paths and storage options; the job's config."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    for p in reversed(paths):
-        if p not in sys.path and os.path.isdir(p):
-            sys.path.insert(0, p)
+    add_import_paths(paths)
     cfg = JobConfig.model_validate(cfg_json)
     use_storage_options(cfg.source.storage_options, cfg.source.paths)  # this process reads too
     return cfg

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, build_adapter, job_setup_context, predict_table, resolve_model
+from ..adapters.custom import add_import_paths
 from ..config import JobConfig, load_config
 from ..config.model import ModelConfig
 from ..config.runtime import RuntimeConfig
@@ -86,12 +87,11 @@ def predict(
     cfg_json = cfg.model_dump(mode="json")
     paths = [os.getcwd(), *sys.path]  # a custom model's module imports on a local master's workers
 
+    size = cfg.runtime.rows_per_call
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for p in reversed(paths):
-            if p not in sys.path and os.path.isdir(p):
-                sys.path.insert(0, p)
+        add_import_paths(paths)
         adapter = _task_adapter(cfg_json)
-        size = JobConfig.model_validate(cfg_json).runtime.rows_per_call
         for batch in batches:
             yield _with_outputs(adapter, batch, size, types, error_column)
 
