@@ -23,6 +23,7 @@ from .core.records import ErrorRecord
 from .core.schema import type_name
 from .core.storage import concurrently
 from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
+from .sources.encoding import LINE_FORMATS
 from .sources.parquet import forget_footers
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
         identity["runtime.int8_fp32_groups"] = dumped["runtime"]["int8_fp32_groups"]
     if dumped["source"]["catalog"]:
         identity["source.catalog"] = dumped["source"]["catalog"]
+    if dumped["source"]["encoding"] != "auto":
+        identity["source.encoding"] = dumped["source"]["encoding"]
     if dumped["source"]["previous"]:
         identity["source.previous"] = dumped["source"]["previous"]
     if dumped["sink"]["input_hash"]:
@@ -191,6 +194,12 @@ def _make_plan(
     columns = list(dict.fromkeys([*adapter.input_columns, *cfg.passthrough_columns]))
     known = existing.inputs if existing is not None else ()
     inputs = list_inputs(cfg.source.paths, cfg.source.format, cfg.source, columns, known)
+    if cfg.source.encoding != "auto" and inputs and not any(f.format in LINE_FORMATS for f in inputs):
+        raise SourceError(
+            f"source.encoding = {cfg.source.encoding!r} applies to CSV and JSONL files; the inputs are "
+            f"{inputs[0].format} ({inputs[0].uri}...); leave it unset",
+            inputs[0].uri,
+        )
     identity = scrub(job_identity(cfg))  # a password changed between a crash and its resume changes nothing written
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),

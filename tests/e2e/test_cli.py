@@ -86,6 +86,8 @@ def test_help_lists_every_config_field():
             ["--set", "source.id_column='ident'"],
             "/data/a.parquet (it has id, x1, x2, x3, segment); check the column name",
         ),
+        (["--input-encoding", "utf-17"], "source.encoding: unknown text encoding 'utf-17'"),
+        (["--input-encoding", "cp1252"], "source.encoding = 'cp1252' applies to CSV and JSONL files; the inputs are"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(job, args, needle):
@@ -94,6 +96,26 @@ def test_user_mistakes_are_one_line_errors(job, args, needle):
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("bulkinfer: error: ") and needle in lines[-1], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_file_in_another_encoding_is_one_line_until_its_encoding_is_set(job):
+    table = tabular_table(30)
+    csv = "id,x1,x2,x3,segment\r\n" + "".join(
+        f"{r['id']},{r['x1']},{r['x2']},{r['x3']},caf\u00e9 \u2013 {r['segment']}\r\n" for r in table.to_pylist()
+    )
+    (job / "win.csv").write_bytes(csv.encode("cp1252"))
+    args = ("run", "job.toml", "-i", "win.csv", "--keep-columns", "segment", "-o")
+    proc = cli(*args, "o1", cwd=job)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    at = csv.encode().index("\u00e9".encode())
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"bulkinfer: error: {job / 'win.csv'}: byte {at} (0xE9) is not UTF-8; set source.encoding (--input-encoding) to the "
+        "file's encoding, e.g. cp1252, latin-1, utf-16 or shift_jis, or convert the file to UTF-8"
+    )
+    cli(*args, "o2", "--input-encoding", "cp1252", cwd=job, check=True)
+    out = read_output(job / "o2")
+    assert out["segment"].to_pylist() == [f"caf\u00e9 \u2013 {s}" for s in table["segment"].to_pylist()]
+    assert json.loads((job / "o2" / "_bulkinfer" / "job.json").read_text())["identity"]["source.encoding"] == "cp1252"
 
 
 def test_usage_error_exits_2(job):

@@ -216,17 +216,19 @@ def test_jsonl_bad_lines_become_error_rows(tmp_path, flaky):
     assert "field 'x1' is str, expected double" in errs[2]["message"]
 
 
-def test_csv_bom_crlf_read_ragged_rows_are_error_rows_and_a_broken_quote_skips_the_file(tmp_path, flaky):
+def test_csv_bom_crlf_read_ragged_rows_are_error_rows_and_a_broken_quote_or_a_latin1_byte_skips_the_file(
+    tmp_path, flaky
+):
     d = tmp_path / "in"
     d.mkdir()
     (d / "a.csv").write_bytes(b"\xef\xbb\xbfid,x1\r\n0,1.5\r\n1,2.5\r\n")
     (d / "b_ragged.csv").write_bytes(b"id,x1\n10,1\n11,2,3\n\n12,3\n13\n")
-    (d / "c_latin1.csv").write_bytes(b"id,x1,name\n20,1,caf\xe9\n")  # bad bytes in a column the job does not read
+    (d / "c_latin1.csv").write_bytes(b"id,x1,name\n20,1,caf\xe9\n")  # not UTF-8, even where the job does not read
     (d / "d_quote.csv").write_bytes(b'id,x1\n30,1\n31,"2\n')  # the quote is never closed
     cfg = _cfg(tmp_path, **{"source.paths": [str(d)], "execution.max_errors": 10, "execution.max_error_rate": 1.0})
     run_job(cfg)
     out = read_output(tmp_path / "out")
-    assert out["id"].to_pylist() == [0, 1, 10, 12, 20] and out["y"].to_pylist() == [15.0, 25.0, 10.0, 30.0, 10.0]
+    assert out["id"].to_pylist() == [0, 1, 10, 12] and out["y"].to_pylist() == [15.0, 25.0, 10.0, 30.0]
     errs = {(e.get("input"), e.get("row")): e["message"] for e in _errors(tmp_path / "out")}
     ragged = str(d / "b_ragged.csv")
     assert errs[(ragged, 1)].endswith("CSV row has 3 fields, expected 2: 11,2,3")
@@ -234,7 +236,11 @@ def test_csv_bom_crlf_read_ragged_rows_are_error_rows_and_a_broken_quote_skips_t
     assert errs[(str(d / "d_quote.csv"), None)].endswith(
         "d_quote.csv: the quoted value in the record at byte 11 is never closed; close the quote or remove the file"
     )
-    assert len(errs) == 3
+    assert errs[(str(d / "c_latin1.csv"), None)] == (
+        f"{d / 'c_latin1.csv'}: byte 19 (0xE9) is not UTF-8; set source.encoding (--input-encoding) to the file's "
+        "encoding, e.g. cp1252, latin-1, utf-16 or shift_jis, or convert the file to UTF-8"
+    )
+    assert len(errs) == 4
 
 
 def test_out_of_memory_halves_the_batch_instead_of_failing_rows(tmp_path, monkeypatch):
@@ -331,25 +337,21 @@ def test_hung_call_times_out_and_only_its_row_fails(tmp_path, monkeypatch):
     assert result.report["run_s"] < 60  # the run did not wait for the hung call (it would for 120 s)
 
 
-def test_text_that_is_not_utf8_is_an_error_row(tmp_path, minilm_path):
+def test_text_that_is_not_utf8_fails_its_file_in_one_line_and_the_job_reads_the_others(tmp_path, flaky):
+    """A latin-1 byte in a UTF-8 file is not a bad row to embed as best one can: the file is
+    in another encoding, and its one line says where and what to set."""
     d = tmp_path / "in"
     d.mkdir()
-    (d / "a.csv").write_bytes(b"id,t\n0,caf\xc3\xa9 au lait\n1,caf\xe9 latin-1\n2,plain\n")
-    cfg = load_config(
-        overrides={
-            "source.paths": [str(d)],
-            "model.name": str(minilm_path),
-            "model.text_column": "t",
-            "source.id_column": "id",
-            "sink.path": str(tmp_path / "out"),
-            "execution.progress": "none",
-            "execution.max_error_rate": 0.5,
-        }
-    )
-    run_job(cfg)
-    assert read_output(tmp_path / "out")["id"].to_pylist() == [0, 2]
+    (d / "a.csv").write_bytes(b"id,x1\n0,1\n1,2\n2,3 # caf\xe9\n")
+    (d / "b.csv").write_bytes(b"id,x1\n10,1\n")
+    run_job(_cfg(tmp_path, **{"source.paths": [str(d)], "execution.max_errors": 10, "execution.max_error_rate": 1.0}))
+    assert read_output(tmp_path / "out")["id"].to_pylist() == [10]
     (err,) = _errors(tmp_path / "out")
-    assert (err["row"], err["stage"], err["error_type"]) == (1, "preprocess", "UnicodeDecodeError")
+    assert (err["input"], err["row"], err["stage"]) == (str(d / "a.csv"), None, "plan")
+    assert err["message"].startswith(f"{d / 'a.csv'}: byte 23 (0xE9) is not UTF-8; set source.encoding ")
+    again = {"source.paths": [str(d)], "source.encoding": "latin-1", "sink.path": str(tmp_path / "o2")}
+    run_job(_cfg(tmp_path, **again, **{"execution.max_errors": 10, "execution.max_error_rate": 1.0}))
+    assert read_output(tmp_path / "o2")["id"].to_pylist() == [0, 1, 2, 10]
 
 
 def test_columns_get_one_type_across_shards_and_files(tmp_path, flaky):

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import bulkinfer.sources.encoding as text_encoding
 import bulkinfer.sources.linescan as linescan
+from bulkinfer.config.source import SourceConfig
 from bulkinfer.core.errors import SourceError
 from bulkinfer.sources import ROW, list_inputs, plan_shards, read_shard
 
@@ -100,14 +102,34 @@ def test_unknown_extension_asks_for_format(tmp_path):
     assert list_inputs([str(tmp_path / "a.dat")], "csv")[0].format == "csv"
 
 
-def _plan_and_read(d, records: int, shard_rows: int, chunk: int | None) -> tuple[list[int], list[tuple[int, str]]]:
-    """Plan ``d``'s file in shards (records over 40 bytes oversized; scan chunks of ``chunk``
-    bytes), check the shards cover every record once, read them: the ids read and the
-    (row, message) of each bad row."""
+ENCODINGS = {
+    # name: (the codec the file is written in, source.encoding, a word in it)
+    "utf-8": ("utf-8", "auto", "h\u00e9llo \U0001d11e"),
+    "utf-8, marked": ("utf-8-sig", "auto", "h\u00e9llo \U0001d11e"),
+    "utf-16, marked": ("utf-16", "auto", "h\u00e9llo \U0001d11e"),
+    "utf-16-be, declared": ("utf-16-be", "utf-16-be", "h\u00e9llo \U0001d11e"),
+    "utf-32, marked": ("utf-32", "auto", "h\u00e9llo \U0001d11e"),
+    "cp1252, declared": ("cp1252", "cp1252", "h\u00e9llo \u20ac"),
+}
+
+
+def _size(text: str, codec: str) -> int:
+    """The bytes ``text`` takes in the file (without a byte-order mark)."""
+    return len(text.encode({"utf-16": "utf-16-le", "utf-32": "utf-32-le", "utf-8-sig": "utf-8"}.get(codec, codec)))
+
+
+def _plan_and_read(
+    d, records: int, shard_rows: int, chunk: int | None, encoding: str = "auto"
+) -> tuple[list[int], list[tuple[int, str]]]:
+    """Plan ``d``'s file in shards (records over 40 bytes oversized; scan and decode chunks
+    of ``chunk`` bytes), check the shards cover every record once, read them: the ids read
+    and the (row, message) of each bad row."""
     with pytest.MonkeyPatch.context() as mp:
         if chunk:
             mp.setattr(linescan, "CHUNK", chunk)
-        shards = plan_shards(list_inputs([str(d)]), shard_rows, max_record=40)
+            mp.setattr(text_encoding, "_CHUNK", chunk)
+        source = SourceConfig(encoding=encoding)
+        shards = plan_shards(list_inputs([str(d)], source=source), shard_rows, max_record=40)
     if records == 0:
         assert shards == []
         return [], []
@@ -127,22 +149,27 @@ def _plan_and_read(d, records: int, shard_rows: int, chunk: int | None) -> tuple
 @given(
     kinds=st.lists(
         st.sampled_from(
-            ["ok", "ok", "ok", "more", "fewer", "blank", "quoted", "multiline", "inch", "long", "longquoted"]
+            ["ok", "ok", "ok", "more", "fewer", "blank", "quoted", "multiline", "inch", "long", "longquoted", "accent"]
         ),
         max_size=120,
     ),
     shard_rows=st.integers(1, 40),
     chunk=st.sampled_from([None, 7, 64]),
     newline=st.sampled_from(["\n", "\r\n"]),
+    encoding=st.sampled_from(list(ENCODINGS)),
 )
-def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factory, kinds, shard_rows, chunk, newline):
+def test_csv_records_are_read_or_reported_once_numbered_in_place(
+    tmp_path_factory, kinds, shard_rows, chunk, newline, encoding
+):
     """Every record is either read (with its own number) or reported bad, exactly once, in
     any sharding: ragged ones (too many or too few fields) become error rows, empty lines
     are not records, a quoted value may hold line breaks, commas and doubled quotes, a
     quote inside an unquoted value is a character, a record over the size limit (40 bytes
     here) is an error row naming its exact size. Small scan chunks cut records at chunk
-    edges and make the scan skip over-long lines."""
+    edges and make the scan skip over-long lines. In every encoding (``ENCODINGS``), with
+    or without a byte-order mark, the same: sizes are the file's bytes."""
     d = tmp_path_factory.mktemp("csv")
+    codec, declared, word = ENCODINGS[encoding]
     lines, expect_good, expect_bad, record = ["id,x1"], [], {}, 0
     for kind in kinds:
         if kind == "blank":
@@ -154,6 +181,7 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
                 "more": f"{record},1,extra",
                 "fewer": f"{record}",
                 "quoted": f'{record},"a, ""b"""',
+                "accent": f'{record},"{word}, {word}"',
                 "multiline": f'{record},"a{newline}b, c"',
                 "inch": f'{record},27" screen',  # a quote inside a value is a character
                 "long": f"{record},{'z' * 50}",
@@ -161,12 +189,12 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
             }[kind]
         )
         if kind in ("more", "fewer", "long", "longquoted"):
-            expect_bad[record] = kind if kind in ("more", "fewer") else len((lines[-1] + newline).encode())
+            expect_bad[record] = kind if kind in ("more", "fewer") else _size(lines[-1] + newline, codec)
         else:
             expect_good.append(record)
         record += 1
-    (d / "a.csv").write_bytes((newline.join(lines) + newline).encode())
-    good, bad = _plan_and_read(d, record, shard_rows, chunk)
+    (d / "a.csv").write_bytes((newline.join(lines) + newline).encode(codec))
+    good, bad = _plan_and_read(d, record, shard_rows, chunk, declared)
     if record == 0:
         return
     assert good == expect_good
@@ -184,20 +212,25 @@ def test_csv_records_are_read_or_reported_once_numbered_in_place(tmp_path_factor
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    kinds=st.lists(st.sampled_from(["ok", "ok", "ok", "blank", "spaces", "indented", "invalid", "long"]), max_size=120),
+    kinds=st.lists(
+        st.sampled_from(["ok", "ok", "ok", "blank", "spaces", "indented", "invalid", "long", "accent"]), max_size=120
+    ),
     shard_rows=st.integers(1, 40),
     chunk=st.sampled_from([None, 5, 64]),
     newline=st.sampled_from(["\n", "\r\n"]),
     last_newline=st.booleans(),
+    encoding=st.sampled_from(list(ENCODINGS)),
 )
 def test_jsonl_records_are_read_or_reported_once_numbered_in_place(
-    tmp_path_factory, kinds, shard_rows, chunk, newline, last_newline
+    tmp_path_factory, kinds, shard_rows, chunk, newline, last_newline, encoding
 ):
     """The vectorised scan of line ends numbers JSONL records as a line-by-line reading
     would: blank and whitespace-only lines are not records, an indented object is one, an
     invalid line is an error row, a line over the limit (40 bytes here) is an error row
-    naming its size; small chunks cut lines at chunk edges and make the scan skip long ones."""
+    naming its size (the file's bytes, in every encoding of ``ENCODINGS``); small chunks cut
+    lines at chunk edges and make the scan skip long ones."""
     d = tmp_path_factory.mktemp("jsonl")
+    codec, declared, word = ENCODINGS[encoding]
     lines, expect_good, expect_bad, record = [], [], {}, 0
     for kind in kinds:
         if kind in ("blank", "spaces"):
@@ -207,20 +240,21 @@ def test_jsonl_records_are_read_or_reported_once_numbered_in_place(
             {
                 "ok": f'{{"id": {record}}}',
                 "indented": f'  {{"id": {record}}}',
+                "accent": f'{{"id": {record}, "t": "{word}"}}',
                 "invalid": f'{{"id": {record},',
                 "long": f'{{"id": {record}, "t": "{"z" * 50}"}}',
             }[kind]
         )
         if kind in ("invalid", "long"):
-            expect_bad[record] = len((lines[-1] + newline).encode()) if kind == "long" else kind
+            expect_bad[record] = _size(lines[-1] + newline, codec) if kind == "long" else kind
         else:
             expect_good.append(record)
         record += 1
     text = newline.join(lines) + (newline if last_newline else "")
     if not last_newline and kinds and kinds[-1] == "long":  # the size counts the line end it has
-        expect_bad[record - 1] -= len(newline)
-    (d / "a.jsonl").write_bytes(text.encode())
-    good, bad = _plan_and_read(d, record, shard_rows, chunk)
+        expect_bad[record - 1] -= _size(newline, codec)
+    (d / "a.jsonl").write_bytes(text.encode(codec))
+    good, bad = _plan_and_read(d, record, shard_rows, chunk, declared)
     if record == 0:
         return
     assert good == expect_good

@@ -41,6 +41,10 @@ def run(
         str | None,
         typer.Option(help="Input format (default: from each file's extension; OpenAI batch files are detected)."),
     ] = None,
+    input_encoding: Annotated[
+        str | None,
+        typer.Option(help="Text encoding of CSV/JSONL inputs (default: UTF-8 or a byte-order mark's; e.g. cp1252)."),
+    ] = None,
     batch_size: Annotated[int | None, typer.Option(help="Maximum rows per model call.")] = None,
     shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
     limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
@@ -105,6 +109,7 @@ def run(
         "model.json_schema": json_schema,
         "model.expand_json": expand_json or None,
         "source.format": input_format,
+        "source.encoding": input_encoding,
         "execution.max_cost": max_cost,
         "execution.overwrite": overwrite or None,
         "execution.repair": repair or None,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import Section
 
@@ -39,9 +40,32 @@ class SourceConfig(Section):
     catalog: dict[str, Any] = Field(default_factory=dict)
     """Iceberg: the catalog's name and properties, as pyiceberg's load_catalog takes them
     ({name = "prod", type = "sql", uri = "sqlite:///cat.db", warehouse = "file:///wh"})."""
+    encoding: str = "auto"
+    """Text encoding of CSV and JSONL inputs: 'auto' (UTF-8, or what a byte-order mark says: UTF-8, UTF-16,
+    UTF-32) or a Python codec's name (latin-1, cp1252, utf-16, shift_jis...); utf-16 and utf-32 without a
+    mark are read little-endian. A byte not in the encoding fails its file with one line naming it."""
     previous: str | None = None
     """An earlier output of this job, written with input hashes (--incremental-from): rows whose id and
     input are unchanged take their results from it instead of being inferred."""
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        if value == "auto":
+            return value
+        try:
+            info = codecs.lookup(value)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {value!r}; use auto or a codec such as cp1252 or utf-16") from None
+        if not getattr(info, "_is_text_encoding", True):
+            raise ValueError(f"{value!r} is not a text encoding; use auto or a codec such as cp1252 or utf-16")
+        return value
+
+    @model_validator(mode="after")
+    def _encoding_of_text(self) -> SourceConfig:
+        if self.encoding != "auto" and self.format in ("parquet", "delta", "iceberg"):
+            raise ValueError(f"encoding applies to CSV and JSONL inputs, not to format {self.format!r}; leave it unset")
+        return self
 
     @field_validator("column_types")
     @classmethod

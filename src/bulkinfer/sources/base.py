@@ -45,11 +45,14 @@ class InputFile:
     version: str
     digest: str
     unreadable: str | None = None
+    encoding: str | None = None
+    """A line format's codec when it is not UTF-8 (a byte-order mark's, or ``source.encoding``)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.unreadable is None:
-            del data["unreadable"]  # the record of a readable file is what it was before the field existed
+        for key in ("unreadable", "encoding"):  # absent when None: the record is what it was before the fields
+            if data[key] is None:
+                del data[key]
         return data
 
     @classmethod
@@ -83,6 +86,7 @@ class Shard:
     ``start``. ``repeats``: rows whose key an earlier row of the file already used (an OpenAI
     batch file's duplicate custom_id), found at planning. ``oversized``: the shard is one
     record over ``source.max_record_bytes`` (an error row; its bytes are never read).
+    ``encoding``: the file's codec when it is not UTF-8.
     """
 
     index: int
@@ -95,13 +99,18 @@ class Shard:
     base: int | None = None
     repeats: tuple[int, ...] = ()
     oversized: bool = False
+    encoding: str | None = None
+    """The file's codec when it is not UTF-8: the shard's bytes are decoded when read."""
 
     @property
     def num_rows(self) -> int:
         return self.stop - self.start
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.encoding is None:
+            del data["encoding"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Shard:

@@ -19,6 +19,7 @@ import pyarrow.csv as pacsv
 from ..core.errors import SourceError
 from ..core.storage import filesystem, read_range
 from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered, slices
+from .encoding import check_utf8, decoded, not_in_encoding, open_text_head, scan_stream
 from .linescan import cut_spans, next_lines, skip_line
 
 __all__ = ["CsvFormat"]
@@ -32,7 +33,7 @@ class CsvFormat:
         return _plan_csv(f, shard_rows, max_record)
 
     def head_schema(self, f: InputFile) -> pa.Schema:
-        return _csv_reader(f.uri).schema
+        return _csv_reader(f.uri, f.encoding).schema
 
     def read(
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
@@ -61,10 +62,10 @@ class _RaggedRows:
         return "skip"
 
 
-def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
-    """A reader from the file's start: for its header (pyarrow strips a BOM, reads quotes).
-    Blocks are quote-aware (a quoted value may hold line breaks), and grow until the first
-    records fit in one: a first record of many MB is a record like any other."""
+def _csv_reader(uri: str, codec: str | None = None) -> pacsv.CSVStreamingReader:
+    """A reader from the file's first character (after a byte-order mark; as UTF-8): for its
+    header. Blocks are quote-aware (a quoted value may hold line breaks), and grow until the
+    first records fit in one: a first record of many MB is a record like any other."""
     fs, path = filesystem(uri)
     size = int(fs.info(path).get("size") or 0)
     block = 1 << 20
@@ -72,7 +73,10 @@ def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
     while True:
         opts = pacsv.ReadOptions(block_size=block, use_threads=False)
         try:
-            return pacsv.open_csv(fs.open(path, "rb"), read_options=opts, parse_options=parse)
+            with open_text_head(uri, codec) as fh:
+                reader = pacsv.open_csv(fh, read_options=opts, parse_options=parse)
+                _header_names(reader, uri, codec)
+                return reader
         except pa.ArrowInvalid as exc:
             if "straddl" in str(exc) and block <= size:
                 block *= 4
@@ -82,16 +86,27 @@ def _csv_reader(uri: str) -> pacsv.CSVStreamingReader:
             raise SourceError(f"{uri}: malformed CSV ({exc}); fix or remove the file", uri) from exc
 
 
-def _csv_header(uri: str) -> list[str]:
+def _header_names(reader: pacsv.CSVStreamingReader, uri: str, codec: str | None) -> list[str]:
+    """The column names; a header whose bytes are not UTF-8 fails the file with the first such byte."""
+    try:
+        return list(reader.schema.names)
+    except UnicodeDecodeError:
+        with open_text_head(uri, codec) as fh:  # the header is the first record: the bad byte is in the first lines
+            head = fh.read(MAX_RECORD_BYTES)
+        check_utf8(head, 0, uri, head.rfind(b"\n") + 1 or None)
+        raise not_in_encoding(uri, 0, None, codec) from None
+
+
+def _csv_header(uri: str, codec: str | None = None) -> list[str]:
     """The file's column names, read once per version of the file (every shard needs them)."""
     fs, path = filesystem(uri)
     info = fs.info(path)
-    return list(_csv_header_of(uri, info.get("size"), str(info.get("mtime") or info.get("LastModified") or "")))
+    return list(_csv_header_of(uri, codec, info.get("size"), str(info.get("mtime") or info.get("LastModified") or "")))
 
 
 @lru_cache(maxsize=256)
-def _csv_header_of(uri: str, _size: int | None, _mtime: str) -> tuple[str, ...]:
-    return tuple(_csv_reader(uri).schema.names)
+def _csv_header_of(uri: str, codec: str | None, _size: int | None, _mtime: str) -> tuple[str, ...]:
+    return tuple(_csv_reader(uri, codec).schema.names)
 
 
 def _plan_csv(f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES) -> list[Span]:
@@ -101,17 +116,18 @@ def _plan_csv(f: InputFile, shard_rows: int, max_record: int = MAX_RECORD_BYTES)
     own, ``oversized`` (an error row, never parsed). Most files are cut by a vectorised scan
     of line ends, which skips an over-long line without holding it; one with line breaks
     inside quotes goes through the csv module, which knows quoting."""
-    fs, path = filesystem(f.uri)
     scans = (
         partial(_record_ends_plain, limit=max_record),
         _record_ends_quoted,
         partial(_record_ends_quoted, strict=False),
     )
-    with fs.open(path, "rb") as fh:
+    with scan_stream(f.uri, f.encoding) as (fh, to_source):
+        start = fh.tell()
         for scan in scans:
-            fh.seek(0)
+            fh.seek(start)
             with contextlib.suppress(_LinesAreNotRecords):  # the next scan knows more CSV
-                return cut_spans(scan(fh, f.uri), shard_rows, max_record, header=True)
+                spans = cut_spans(scan(fh, f.uri), shard_rows, max_record, header=True)
+                return [s._replace(offset=to_source(s.offset or 0), end=to_source(s.end or 0)) for s in spans]
     raise AssertionError("the lenient scan accepts every file it does not refuse")
 
 
@@ -145,6 +161,7 @@ def _record_ends_plain(fh: Any, uri: str, limit: int = MAX_RECORD_BYTES) -> Iter
             return
         chunk, buf, data, stops = got
         done = int(stops[-1]) if len(stops) else 0
+        check_utf8(buf, base, uri, done)
         # bytes.find is a memchr: most files have no carriage return, many no quote, and skip the array passes
         none = np.empty(0, dtype=np.intp)
         cr = np.flatnonzero(data[:done] == _CR) if buf.find(b"\r", 0, done) >= 0 else none
@@ -182,8 +199,9 @@ def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[tupl
     def lines() -> Iterator[str]:
         nonlocal pos
         for line in fh:
+            check_utf8(line, pos, uri)
             pos += len(line)
-            yield line.decode("utf-8", "surrogateescape")
+            yield line.decode("utf-8")
 
     ends: list[int] = []
     sizes: list[int] = []
@@ -222,8 +240,8 @@ def _read_csv(
     column types asked of pyarrow directly; if a value does not fit them, the range is
     parsed again with those columns as text, and :func:`read_shard` fails only the rows
     whose values do not convert."""
-    names = _csv_header(shard.uri)
-    data = read_range(shard)
+    names = _csv_header(shard.uri, shard.encoding)
+    data = decoded(read_range(shard), shard.encoding, shard.uri, shard.offset or 0)
     check_file_columns(shard.uri, pa.schema([(n, pa.string()) for n in names]), columns)
     wanted = {c: t for c, t in types.items() if c in columns}
     only = list(columns)  # the other columns are parsed (for field counts) but not converted

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from ..core.schema import fit_value
-from ..core.storage import filesystem, open_binary, read_range
+from ..core.storage import read_range
 from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered
+from .encoding import check_utf8, decoded, open_text_head, scan_stream
 from .linescan import cut_spans, line_ends
 
 __all__ = ["HEAD_BYTES", "JsonlFormat", "json_lines", "lines", "plan_lines"]
@@ -36,7 +37,7 @@ class JsonlFormat:
     def head_schema(self, f: InputFile) -> pa.Schema:
         objects = []
         seen = 0
-        with open_binary(f.uri) as fh:  # whole records, however long, until HEAD_BYTES of them
+        with open_text_head(f.uri, f.encoding) as fh:  # whole records, however long, until HEAD_BYTES of them
             for line, size in lines(fh, MAX_RECORD_BYTES):
                 seen += size
                 with contextlib.suppress(ValueError):
@@ -79,30 +80,36 @@ def plan_lines(
     """Spans of ``shard_rows`` non-empty lines with their byte ranges; a line over
     ``max_record`` bytes is a span of its own, ``oversized``. ``on_line(row, line)`` sees
     every other line (an OpenAI batch file's custom_ids)."""
-    fs, path = filesystem(f.uri)
+    with scan_stream(f.uri, f.encoding) as (fh, to_source):
+        spans = _line_spans(fh, f.uri, shard_rows, max_record, on_line)
+        return [s._replace(offset=to_source(s.offset or 0), end=to_source(s.end or 0)) for s in spans]
+
+
+def _line_spans(
+    fh: Any, uri: str, shard_rows: int, max_record: int, on_line: Callable[[int, bytes], None] | None
+) -> list[Span]:
     if on_line is None:  # only the line ends are needed: the vectorised scan
-        with fs.open(path, "rb") as fh:
-            return cut_spans(line_ends(fh, max_record), shard_rows, max_record)
+        return cut_spans(line_ends(fh, max_record, uri), shard_rows, max_record)
     spans: list[Span] = []
     rows = start_row = pos = start_off = 0
-    with fs.open(path, "rb") as fh:
-        for line, size in lines(fh, max_record):
-            pos += size
-            if line is None:  # over the limit: it alone, between the spans around it
-                if rows > start_row:
-                    spans.append(Span(start_row, rows, start_off, pos - size))
-                spans.append(Span(rows, rows + 1, pos - size, pos, oversized=True))
-                rows += 1
-                start_row, start_off = rows, pos
-                continue
-            if not line.strip():
-                continue
-            if on_line is not None:
-                on_line(rows, line)
+    for line, size in lines(fh, max_record):
+        pos += size
+        if line is None:  # over the limit: it alone, between the spans around it
+            if rows > start_row:
+                spans.append(Span(start_row, rows, start_off, pos - size))
+            spans.append(Span(rows, rows + 1, pos - size, pos, oversized=True))
             rows += 1
-            if rows - start_row == shard_rows:
-                spans.append(Span(start_row, rows, start_off, pos))
-                start_row, start_off = rows, pos
+            start_row, start_off = rows, pos
+            continue
+        check_utf8(line, pos - size, uri)
+        if not line.strip():
+            continue
+        if on_line is not None:
+            on_line(rows, line)
+        rows += 1
+        if rows - start_row == shard_rows:
+            spans.append(Span(start_row, rows, start_off, pos))
+            start_row, start_off = rows, pos
     if rows > start_row:
         spans.append(Span(start_row, rows, start_off, pos))
     return spans
@@ -185,7 +192,7 @@ def _jsonl_slow(
 def _read_jsonl(
     shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
 ) -> Iterator[pa.RecordBatch]:
-    data = read_range(shard)
+    data = decoded(read_range(shard), shard.encoding, shard.uri, shard.offset or 0)
     try:
         schema = pa.schema([(c, types[c]) for c in columns if c in types])
         parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .base import MAX_RECORD_BYTES, Span
+from .encoding import check_utf8
 
 __all__ = ["CHUNK", "cut_spans", "line_ends", "next_lines", "skip_line"]
 
@@ -49,11 +50,11 @@ def next_lines(fh: Any, carry: bytes) -> tuple[bytes, bytes, np.ndarray, np.ndar
     return chunk, buf, data, stops
 
 
-def line_ends(fh: Any, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def line_ends(fh: Any, limit: int = MAX_RECORD_BYTES, uri: str = "") -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Byte offsets after the lines that are not blank (whitespace only) and their sizes, a
     chunk at a time. A line over ``limit`` bytes is always yielded (blank or not: the
     planner makes it an error row), and one still open past ``limit`` is read on to its end
-    without being held."""
+    without being held. A byte that is not UTF-8 (outside such a line) fails the file ``uri``."""
     base, carry = 0, b""
     while True:
         if len(carry) > limit:
@@ -65,6 +66,7 @@ def line_ends(fh: Any, limit: int = MAX_RECORD_BYTES) -> Iterator[tuple[np.ndarr
         if got is None:
             return
         chunk, buf, data, stops = got
+        check_utf8(buf, base, uri, int(stops[-1]) if len(stops) else 0)
         begins = np.concatenate(([0], stops[:-1]))
         length = stops - begins
         keep = length <= limit

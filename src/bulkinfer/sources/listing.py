@@ -14,6 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ..core.errors import SourceError
 from ..core.storage import concurrently, filesystem, store_trouble
 from .base import InputFile
+from .encoding import LINE_FORMATS, codec_of
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
 from .tables import table_inputs
@@ -73,11 +74,14 @@ def expand_inputs(pattern: str) -> list[str]:
     return list(_expand(pattern, list(EXTENSIONS)))
 
 
-def fingerprint(uri: str, fmt: str, info: dict[str, Any] | None = None, known: InputFile | None = None) -> InputFile:
+def fingerprint(
+    uri: str, fmt: str, info: dict[str, Any] | None = None, known: InputFile | None = None, encoding: str = "auto"
+) -> InputFile:
     """``uri``'s fingerprint: size and version from ``info`` (its listing's entry) or asked
     for, and a hash of its first and last 64 KiB, read by two ranged reads (one for a small
     file; by keyword: s3fs takes a version id second). A Parquet file's footer found in that
-    tail is kept for the planner.
+    tail is kept for the planner; a line format's codec is settled from its head and
+    ``encoding`` (``source.encoding``).
 
     ``known`` is the fingerprint a plan holds (a resume): when the store names versions by
     an entity tag (S3, GCS, Azure: a new tag for new content) and size and tag are the
@@ -101,7 +105,8 @@ def fingerprint(uri: str, fmt: str, info: dict[str, Any] | None = None, known: I
     except Exception as exc:  # planning reports it as a problem of this file; the job goes on with the others
         why = str(getattr(exc, "strerror", None) or exc)  # (OSError, or what a store's client raised)
         return InputFile(uri=uri, format=fmt, size=size, version=version, digest="", unreadable=why)
-    f = InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32])
+    codec = codec_of(head, encoding) if fmt in LINE_FORMATS else None
+    f = InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32], encoding=codec)
     if fmt == "parquet":
         keep_footer(f, tail)
     return f
@@ -125,5 +130,6 @@ def list_inputs(
         found.update(_expand(pattern, list(EXTENSIONS)))
     unique = sorted(found)
     before = {f.uri: f for f in known}
-    items = [(u, detect_format(u, declared_format), found[u], before.get(u)) for u in unique]
+    encoding = getattr(source, "encoding", "auto")
+    items = [(u, detect_format(u, declared_format), found[u], before.get(u), encoding) for u in unique]
     return concurrently(lambda item: fingerprint(*item), items, unique)

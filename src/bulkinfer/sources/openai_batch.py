@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from ..core.storage import open_binary, read_range
 from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, numbered
+from .encoding import decoded
 from .jsonl import json_lines, plan_lines
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
@@ -87,7 +88,8 @@ class OpenAIBatchFormat:
         repeats = set(shard.repeats)
         good: list[dict[str, Any]] = []
         rows: list[int] = []
-        for row, obj in json_lines(shard, read_range(shard), bad, "; each line is one request object"):
+        data = decoded(read_range(shard), shard.encoding, shard.uri, shard.offset or 0)
+        for row, obj in json_lines(shard, data, bad, "; each line is one request object"):
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if not isinstance(cid, str) or not cid:
                 what = "no string custom_id" if isinstance(obj, dict) else f"a {type(obj).__name__}, not an object"

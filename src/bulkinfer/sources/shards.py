@@ -57,7 +57,7 @@ def plan_shards(
             base = span.start if span.offset is not None else None
             shard = Shard(
                 len(shards), f.uri, f.format, span.start, span.stop, span.offset, span.end, base, span.repeats,
-                span.oversized,
+                span.oversized, f.encoding,
             )  # fmt: skip
             shards.append(shard)
     return shards
