@@ -39,7 +39,8 @@ def _job(tmp_path: Path) -> Path:
     (tmp_path / "orchmodel.py").write_text(MODEL)
     write(pa.table({"id": np.arange(ROWS), "x": np.arange(ROWS)}), tmp_path / "in.parquet", row_group_size=25)
     job = tmp_path / "job.toml"
-    job.write_text(textwrap.dedent(f"""
+    job.write_text(
+        textwrap.dedent(f"""
         [source]
         paths = ["{tmp_path / "in.parquet"}"]
         id_column = "id"
@@ -51,7 +52,8 @@ def _job(tmp_path: Path) -> Path:
 
         [sink]
         path = "{tmp_path / "unused"}"
-    """))
+    """)
+    )
     return job
 
 
