@@ -28,7 +28,9 @@ def test_run_from_config_with_set_then_inspect(job):
     assert report["batch_size"] == 64 and report["rows_out"] == 900 and report["status"] == "complete"
     assert set(report["time_s"]) == {"read", "preprocess", "infer", "write"}
     assert report["cost"]["per_million_rows"] > 0
-    assert read_output(job / "out").column_names == ["id", "segment", "prediction", "proba_no", "proba_yes"]
+    assert read_output(job / "out").column_names == [
+        "id", "segment", "prediction", "proba_no", "proba_yes", "_input_hash"
+    ]  # fmt: skip
     info = json.loads(cli("inspect", "out", "--json", cwd=job, check=True).stdout)
     assert info["complete"] is True and info["running"] is False
     assert (info["shards_committed"], info["shards_planned"], info["rows_committed"], info["rows_remaining"]) == (

@@ -67,7 +67,7 @@ def test_marked_examples_run(tmp_path):
             pytest.fail(f"unknown readme-test kind {kind}")
     assert kinds == ["run", "toml", "run", "toml", "file", "run", "run", "run"]
     out = read_output(tmp_path / "out")
-    assert out.column_names == ["id", "category", "embedding"] and out.num_rows == 40
+    assert out.column_names == ["id", "category", "embedding", "_input_hash"] and out.num_rows == 40
     assert (tmp_path / "report.html").read_text().count('<svg role="img"') >= 5
     candidate = json.loads((tmp_path / "out-candidate" / "_bulkinfer" / "report.json").read_text())
     assert candidate["drift"]["status"] == "ok" and candidate["cost"]["labels"]["team"] == "search"
@@ -108,7 +108,9 @@ def test_demo_flow_on_a_small_catalog(tmp_path):
     proc = cli("run", "catalog.toml", "--progress", "none", cwd=tmp_path, check=True)
     assert "done: 300 rows written" in proc.stdout
     out = read_output(tmp_path / "demo" / "embeddings")
-    assert out.column_names == ["id", "category", "embedding"] and out["id"].to_pylist() == list(range(300))
+    assert out.column_names == ["id", "category", "embedding", "_input_hash"] and out["id"].to_pylist() == list(
+        range(300)
+    )
     assert "complete" in cli("inspect", "demo/embeddings", cwd=tmp_path, check=True).stdout
 
 

@@ -76,7 +76,7 @@ def test_adapter_subclass_with_options(tmp_path, user_module):
     )
     out = read_output(tmp_path / "out").sort_by("id")
     expect = 3.0 * t["x1"].to_numpy() + t["x2"].to_numpy() + 0.5
-    assert out.column_names == ["id", "score", "big"]
+    assert out.column_names == ["id", "score", "big", "_input_hash"]
     assert out["score"].to_pylist() == pytest.approx(list(expect))
     assert out["big"].to_pylist() == list(t["x1"].to_numpy() > 0)
 

@@ -46,7 +46,7 @@ def test_each_part_is_a_delta_commit_and_the_table_equals_the_parquet_output(job
     assert table.version() == ROWS // 50 - 1  # a commit per part (the first creates the table)
     assert sorted({h["operation"] for h in table.history()}) == ["CREATE TABLE", "WRITE"]
     got = table.to_pyarrow_table().sort_by("id")
-    want = read_output(tmp_path / "files").sort_by("id")
+    want = read_output(tmp_path / "files").sort_by("id").drop_columns(["_input_hash"])  # only Parquet has them
     assert got.column_names == want.column_names and got.equals(want)
     assert table.transaction_version("bulkinfer/part-00003") == 1
 

@@ -57,7 +57,9 @@ def test_batched_greedy_equals_one_prompt_at_a_time(tmp_path, style):
     result = run_job(cfg)
     assert result.report["model_kind"] == "generate" and result.report["rows_out"] == 30
     out = read_output(tmp_path / "out").sort_by("id")
-    assert out.column_names == ["id", "completion", "finish_reason", "prompt_tokens", "completion_tokens"]
+    assert out.column_names == [
+        "id", "completion", "finish_reason", "prompt_tokens", "completion_tokens", "_input_hash"
+    ]  # fmt: skip
     prompts = [f"Review of {p}: {x}" for p, x in zip(t["product"].to_pylist(), t["text"].to_pylist(), strict=True)]
     assert out["completion"].to_pylist() == one_at_a_time(model, prompts, 12)
     assert set(out["finish_reason"].to_pylist()) <= {"stop", "length"}
@@ -144,7 +146,7 @@ def test_chat_messages_with_a_json_schema_expand_into_typed_columns(tmp_path):
     run_job(cfg)
     out = read_output(tmp_path / "out").sort_by("id")
     assert out.column_names == ["id", "completion", "finish_reason", "prompt_tokens", "completion_tokens",
-                                "sentiment", "stars", "tags", "spam"]  # fmt: skip
+                                "sentiment", "stars", "tags", "spam", "_input_hash"]  # fmt: skip
     assert [str(out.schema.field(c).type) for c in ("sentiment", "stars", "tags", "spam")] == [
         "string", "int64", "list<element: string>", "bool"]  # fmt: skip
     # random weights sampled at temperature 1, yet every completion is JSON valid against the schema

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer import load_config, run_job
-from bulkinfer.core.errors import ConfigError
+from bulkinfer.core.errors import ConfigError, Interrupted
 
-from helpers import cli, read_output, tabular_table, write
+from helpers import cli, read_output, stop_after_commits, tabular_table, write
 
 MODELS = textwrap.dedent("""
     import os
+    import time
     import numpy as np
     from bulkinfer import Adapter
 
@@ -35,6 +36,7 @@ MODELS = textwrap.dedent("""
             if log:
                 with open(log, "a") as fh:
                     fh.write(f"{batch.num_rows}\\n")
+            time.sleep(float(os.environ.get("SLOW_S", "0")))
             x1, x2 = batch["x1"].to_numpy(), batch["x2"].to_numpy()
             seg = np.array([len(s) for s in batch["segment"].to_pylist()], float)
             emb = np.column_stack([x1, x2, seg, x1 * x2]) * self.scale
@@ -97,7 +99,7 @@ def test_an_incremental_run_equals_a_full_run_and_infers_only_what_changed(tmp_p
     monkeypatch.delenv("CALLS_LOG")
     a, b = read_output(tmp_path / "full").sort_by("id"), read_output(tmp_path / "inc").sort_by("id")
     assert b.num_rows == nightly["rows"] == 1010 and a.equals(b)  # same ids, same values, same hashes
-    assert b.column_names == ["id", "_input_hash", "embedding", "score", "label"]
+    assert b.column_names == ["id", "embedding", "score", "label", "_input_hash"]
     reuse = inc.report["reuse"]
     assert reuse["rows_from_previous"] == 1000 - 50 - 10 and reuse["rows_inferred"] == 70
     assert calls(log) == 70 and full.report["reuse"]["rows_from_previous"] == 0
@@ -128,14 +130,43 @@ def test_nothing_is_reused_when_the_model_or_a_setting_changed(tmp_path, nightly
 
 def test_refusals_name_the_reason(tmp_path, models):
     write(tabular_table(100, seed=1), tmp_path / "in.parquet")
-    run_job(config(tmp_path, "in.parquet", "plain"))  # no input hashes
-    with pytest.raises(ConfigError, match="written without input hashes: run it once with sink.input_hash = true"):
+    run_job(config(tmp_path, "in.parquet", "plain", **{"sink.input_hash": False}))
+    with pytest.raises(
+        ConfigError, match=r"written without input hashes \(sink.input_hash = false, or by an older bulkinfer"
+    ):
         run_job(config(tmp_path, "in.parquet", "x", **{"source.previous": str(tmp_path / "plain")}))
     with pytest.raises(ConfigError, match="needs source.id_column"):
         run_job(config(tmp_path, "in.parquet", "y", **{"source.previous": str(tmp_path / "plain"),
                                                         "source.id_column": None}))  # fmt: skip
     with pytest.raises(ConfigError, match="no _SUCCESS"):
         run_job(config(tmp_path, "in.parquet", "z", **{"source.previous": str(tmp_path / "nowhere")}))
+
+
+def test_any_parquet_output_with_ids_can_serve_the_next_night_and_a_resume_keeps_its_first_choice(
+    tmp_path, models, monkeypatch
+):
+    """Input hashes are on by default for a Parquet output with an id column, so the first
+    incremental night works from a plain run; an output begun without them (an older
+    bulkinfer's default) resumes without them rather than as a changed job."""
+    write(tabular_table(600, seed=1), tmp_path / "in.parquet")
+    run_job(config(tmp_path, "in.parquet", "plain"))
+    assert read_output(tmp_path / "plain").column_names[-1] == "_input_hash"
+    result = run_job(config(tmp_path, "in.parquet", "inc", **{"source.previous": str(tmp_path / "plain")}))
+    assert result.report["reuse"]["rows_from_previous"] == 600
+    no_ids = run_job(config(tmp_path, "in.parquet", "no_ids", **{"source.id_column": None}))
+    assert "_input_hash" not in read_output(no_ids.output).column_names
+    begun = config(tmp_path, "in.parquet", "old", **{"sink.input_hash": False})
+    monkeypatch.setenv("SLOW_S", "0.05")  # 19 batches: the stop comes long before the last
+    with pytest.raises(Interrupted):
+        run_job(begun, stop=stop_after_commits(tmp_path / "old", 1))
+    monkeypatch.delenv("SLOW_S")
+    assert 0 < len(list((tmp_path / "old").glob("part-*.parquet"))) < 4
+    resumed = run_job(config(tmp_path, "in.parquet", "old"))  # input_hash unset, as an upgraded version runs it
+    assert resumed.report["rows_already_done"] >= 150 and resumed.report["status"] == "complete"
+    for part in (tmp_path / "old").glob("part-*.parquet"):
+        assert "_input_hash" not in pq.read_schema(part).names
+    redone = run_job(config(tmp_path, "in.parquet", "old", **{"execution.overwrite": True}))
+    assert redone.report["rows_already_done"] == 0 and read_output(tmp_path / "old").column_names[-1] == "_input_hash"
 
 
 def test_a_killed_incremental_run_resumes_exactly_once(tmp_path, nightly):

@@ -130,7 +130,9 @@ def test_start_and_complete_events(tmp_path, receiver):
     assert stats["rowCount"] == 1000 == result.report["rows_out"]
     assert stats["fileCount"] == len(manifest["files"]) and stats["size"] == sum(f["bytes"] for f in manifest["files"])
     fields = {f["name"]: f["type"] for f in done["outputs"][0]["facets"]["schema"]["fields"]}
-    assert fields == {"id": "int64", "prediction": "string", "proba_no": "double", "proba_yes": "double"}
+    assert fields == {  # the dataset's columns as readers find them, the input hashes among them
+        "id": "int64", "prediction": "string", "proba_no": "double", "proba_yes": "double", "_input_hash": "uint64"
+    }  # fmt: skip
     assert done["run"]["facets"]["bulkinfer_run"]["rowsWritten"] == 1000
 
 

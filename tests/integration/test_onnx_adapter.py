@@ -53,7 +53,7 @@ def test_one_matrix_input_from_feature_columns(tmp_path):
     )
     out = read_output(tmp_path / "out")
     x = np.column_stack([t[c].to_numpy() for c in ("x1", "x2", "x3")]).astype(np.float32)
-    assert out.column_names == ["id", "score", "double"] and out["id"].to_pylist() == list(range(500))
+    assert out.column_names == ["id", "score", "double", "_input_hash"] and out["id"].to_pylist() == list(range(500))
     np.testing.assert_allclose(out["score"].to_numpy(), (x @ W)[:, 0], rtol=1e-6)
     np.testing.assert_allclose(np.stack(out["double"].to_numpy(zero_copy_only=False)), 2 * x)
 
@@ -72,5 +72,5 @@ def test_named_inputs_and_outputs_are_mapped_from_options(tmp_path):
         )
     )
     out = read_output(tmp_path / "out")
-    assert out.column_names == ["id", "total"]
+    assert out.column_names == ["id", "total", "_input_hash"]
     np.testing.assert_array_equal(out["total"].to_numpy(), t["x1"].to_numpy() + t["x2"].to_numpy())

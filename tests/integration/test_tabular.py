@@ -30,7 +30,7 @@ def test_predictions_equal_model_predict(tmp_path, kind):
     )
     result = run_job(cfg)
     out = read_output(tmp_path / "out").sort_by("id")
-    assert out.column_names == ["id", "segment", "prediction", "proba_no", "proba_yes"]
+    assert out.column_names == ["id", "segment", "prediction", "proba_no", "proba_yes", "_input_hash"]
     assert out["id"].to_pylist() == table["id"].to_pylist()
     assert out["segment"].to_pylist() == table["segment"].to_pylist()
     model = joblib.load(model_path)

@@ -38,7 +38,7 @@ def test_embeddings_match_sentence_transformers(tmp_path, texts, minilm_path):
     result = run_job(cfg)
     assert result.status == "complete"
     out = read_output(tmp_path / "out")
-    assert out.column_names == ["id", "embedding"]
+    assert out.column_names == ["id", "embedding", "_input_hash"]
     assert out.schema.field("embedding").type == pa.list_(pa.float32(), 384)
     assert out["id"].to_pylist() == list(range(len(texts)))  # input order, though batches were sorted
     got = np.stack(out["embedding"].to_numpy(zero_copy_only=False))

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.expr import Expr, mask, parse
+from ..core.layout import result_columns
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -36,7 +37,7 @@ def split(routes: list[Route], table: pa.Table) -> tuple[pa.Table, dict[str, pa.
     """The rows no route takes, and each route's rows (first match wins; input order kept)."""
     rest, taken = table, {}
     for route in routes:
-        hit = mask(route.when, rest, route.where)
+        hit = mask(route.when, rest.select(result_columns(rest.column_names)), route.where)
         taken[route.name] = rest.filter(hit)
         rest = rest.filter(pc.invert(hit))
     return rest, taken

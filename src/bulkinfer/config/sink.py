@@ -23,8 +23,9 @@ class SinkConfig(Section):
     """Parquet compression codec."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options of an object-store path (s3: endpoint_url, key, secret, profile, client_kwargs...)."""
-    input_hash: bool = False
-    """Write each row's input hash (_input_hash) beside its results, so a later run can be incremental
-    from this output (always on in an incremental run)."""
+    input_hash: bool | None = None
+    """Write each row's input hash (_input_hash, 8 bytes a row) beside its results, so a later run can be
+    incremental from this output (--incremental-from). Default: on when source.id_column is set and the
+    output is Parquet (an output being resumed keeps its first run's choice); always on in an incremental run."""
     mode: Literal["snapshot", "delta"] = "snapshot"
     """snapshot: every row; delta (with source.previous): only new and changed rows, plus _deleted.parquet."""

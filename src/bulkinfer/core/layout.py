@@ -11,7 +11,9 @@ skips names starting with ``_`` or ``.`` sees only committed parts; these are th
 
 from __future__ import annotations
 
-__all__ = ["ERRORS", "HASH_COLUMN", "PRIVATE", "SUCCESS"]
+from collections.abc import Iterable
+
+__all__ = ["ERRORS", "HASH_COLUMN", "PRIVATE", "SUCCESS", "result_columns"]
 
 PRIVATE = "_bulkinfer"
 """The output's private folder: the ledger, the lock, the plan, the report."""
@@ -21,3 +23,10 @@ ERRORS = "_errors"
 """One record per failed row, in files named after the part they belong to."""
 HASH_COLUMN = "_input_hash"
 """Each row's input hash (``sink.input_hash``; always in an incremental run's output)."""
+
+
+def result_columns(names: Iterable[str]) -> list[str]:
+    """An output's columns as its readers mean them (the ids, kept columns and results), in
+    order: without :data:`HASH_COLUMN`, which only an incremental run reads. Comparisons,
+    route conditions, served rows and column hints go by these."""
+    return [n for n in names if n != HASH_COLUMN]

@@ -4,7 +4,8 @@ its inputs name. A leaf: it imports nothing of bulkinfer's but the errors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ __all__ = [
     "path_or_file",
     "read_range",
     "read_whole",
+    "storage_options_for",
     "store_trouble",
     "use_storage_options",
 ]
@@ -38,6 +40,19 @@ def use_storage_options(options: dict[str, Any], paths: Sequence[str]) -> None:
         protocol = fsspec.core.split_protocol(p)[0]
         if protocol and protocol != "file":
             _OPTIONS[protocol] = dict(options)
+
+
+@contextlib.contextmanager
+def storage_options_for(options: dict[str, Any], paths: Sequence[str]) -> Iterator[None]:
+    """:func:`use_storage_options` for the block only (the job's own set again after it): for
+    reading an output with ``sink.storage_options`` while the inputs' are in use."""
+    before = {k: dict(v) for k, v in _OPTIONS.items()}
+    use_storage_options(options, paths)
+    try:
+        yield
+    finally:
+        _OPTIONS.clear()
+        _OPTIONS.update(before)
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:

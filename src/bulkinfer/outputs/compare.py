@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
+from ..core.layout import result_columns
 from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..report.columns import column_kind, summary
@@ -133,8 +134,8 @@ def compare_outputs(
     if not id_col:
         raise SourceError(f"{a}: the run had no source.id_column; pass --id with the column both outputs share", a)
     sa, sb = part_schema(parts_a), part_schema(parts_b)
-    names_a = [n for n in (sa.names if sa else []) if n not in _passthrough(job_a) | {id_col}]
-    names_b = [n for n in (sb.names if sb else []) if n not in _passthrough(job_b) | {id_col}]
+    names_a = [n for n in result_columns(sa.names if sa else []) if n not in _passthrough(job_a) | {id_col}]
+    names_b = [n for n in result_columns(sb.names if sb else []) if n not in _passthrough(job_b) | {id_col}]
     shared = [n for n in names_a if n in names_b and (not spec.columns or n in spec.columns)]
     unknown = [c for c in spec.columns if c not in shared]
     if unknown:

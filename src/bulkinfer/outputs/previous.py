@@ -74,6 +74,6 @@ def require_id(id_column: str | None) -> str:
 
 def previous_hint(where: str) -> str:
     return (
-        f"the previous output {where} was written without input hashes: run it once with "
-        "sink.input_hash = true (or from an incremental run), then use it with --incremental-from"
+        f"the previous output {where} was written without input hashes (sink.input_hash = false, or by an older "
+        "bulkinfer, which wrote none by default): run it once with input hashes, then use it with --incremental-from"
     )

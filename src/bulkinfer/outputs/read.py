@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
-from ..core.layout import PRIVATE, SUCCESS
+from ..core.layout import PRIVATE, SUCCESS, result_columns
 from ..core.storage import file_version, path_or_file, read_whole
 
 __all__ = [
@@ -78,8 +78,9 @@ def part_batches(part: Part, columns: list[str], hint: str = "pass --column") ->
     pf = pq.ParquetFile(path_or_file(part.path))
     missing = [c for c in columns if c not in pf.schema_arrow.names]
     if missing:
+        has = ", ".join(result_columns(pf.schema_arrow.names))
         raise SourceError(
-            f"{part.path}: no column {missing[0]!r} (it has {', '.join(pf.schema_arrow.names)}); {hint}",
+            f"{part.path}: no column {missing[0]!r} (it has {has}); {hint}",
             str(part.path),
         )
     yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=columns)

@@ -20,7 +20,9 @@ In order, :func:`settle` decides:
    worker (the caller passes how: this package does not import the runners);
 4. the adapter, built (not set up) for that precision, with its int8 groups and TensorRT profile;
 5. ``runtime.batch_size``: "auto" is what ``tune`` measured, unset is the adapter's hint;
-6. ``--incremental-from``: a previous output whose results cannot stand for this job's
+6. ``sink.input_hash``: unset, on for a Parquet output with an id column (what a later
+   ``--incremental-from`` needs), or what the run being resumed chose;
+7. ``--incremental-from``: a previous output whose results cannot stand for this job's
    (another model or setting) turns into a full run that still writes input hashes.
 """
 
@@ -35,6 +37,7 @@ from ..adapters import Adapter, ResolvedModel, build_adapter, resolve_model
 from ..config import JobConfig
 from ..core import hardware
 from ..core.errors import BulkinferError, ConfigError
+from ..core.storage import storage_options_for
 from ..llm.batch_files import batch_config
 from ..outputs.previous import check_previous, check_reusable
 from ..outputs.read import private_json
@@ -72,14 +75,41 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     if online and model.kind == "text-embedding" and not cfg.model.text_column:
         log.info("no --text-column: /v1/predict rows carry their text in 'input' (/v1/embeddings needs none)")
         cfg = _update(cfg, "model", text_column="input")
-    if cfg.runtime.precision == "auto" and not online and not cfg.execution.overwrite:
-        cfg = _as_resumed(cfg, model)
+    started = None if online or cfg.execution.overwrite else _started(cfg, model)
+    if cfg.runtime.precision == "auto" and started:
+        cfg = _as_resumed(cfg, started)
     cfg = _precision(cfg, model, on_cluster)
     adapter = build_adapter(cfg, model)
     cfg = _batch_size(cfg, model.digest, adapter)
+    if not online:
+        cfg = _input_hash(cfg, model, started)
     if cfg.source.previous and not online:
         cfg = _incremental(cfg, model)
     return Settled(cfg, model, adapter)
+
+
+def _started(cfg: JobConfig, model: ResolvedModel) -> dict[str, Any] | None:
+    """The plan (job.json) of the run of this model that began the output, if one did; an
+    output that cannot be read here is left to the resume to judge."""
+    try:
+        with storage_options_for(cfg.sink.storage_options, [cfg.sink.path]):
+            started = private_json(cfg.sink.path, "job.json")
+    except (BulkinferError, OSError, ValueError):
+        return None
+    return started if started and started.get("model_digest") == model.digest else None
+
+
+def _input_hash(cfg: JobConfig, model: ResolvedModel, started: Mapping[str, Any] | None) -> JobConfig:
+    """A concrete ``sink.input_hash``: unset, input hashes are written whenever a later run
+    could be incremental from this output (an id column and Parquet; not a remote Batch API's),
+    except that an output a run already ``started`` keeps that run's choice, so an output begun
+    without them (by an older version) resumes as the same job."""
+    if cfg.sink.input_hash is not None:
+        return cfg
+    on = bool(cfg.source.id_column) and cfg.sink.format == "parquet" and model.kind != "remote-batch"
+    if started:
+        on = bool((started.get("identity") or {}).get("sink.input_hash"))
+    return _update(cfg, "sink", input_hash=on)
 
 
 def _batch_budget(cfg: JobConfig) -> JobConfig:
@@ -105,18 +135,12 @@ def _update(cfg: JobConfig, section: str, **fields: Any) -> JobConfig:
     return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=fields)})
 
 
-def _as_resumed(cfg: JobConfig, model: ResolvedModel) -> JobConfig:
-    """``runtime.precision = "auto"`` on an output a run of this model already started: the
+def _as_resumed(cfg: JobConfig, started: Mapping[str, Any]) -> JobConfig:
+    """``runtime.precision = "auto"`` on an output a run of this model already ``started``: the
     engine and precision that run chose, so a ``tune`` in between (or another machine kind)
     does not turn the resume into a changed job. Anything else that differs is refused by the
-    resume as usual; an output that cannot be read here is left to it too."""
-    try:
-        previous = private_json(cfg.sink.path, "job.json")
-    except (BulkinferError, OSError, ValueError):
-        return cfg
-    if not previous or previous.get("model_digest") != model.digest:
-        return cfg
-    chosen = (previous.get("config") or {}).get("runtime") or {}
+    resume as usual."""
+    chosen = (started.get("config") or {}).get("runtime") or {}
     if chosen.get("precision") in (None, "auto") or not chosen.get("engine"):
         return cfg
     keep = {k: chosen[k] for k in ("engine", "precision", "int8_fp32_groups") if k in chosen}

@@ -360,7 +360,10 @@ class WindowReuse:
         """Split a window's rows into those to infer and those whose result is known: unchanged
         since the previous output, seen earlier (dedupe cache), or repeating a row of this window."""
         out = Reuse()
-        if not table.num_rows or not (self.write_hash or self.previous is not None or self.dedupe is not False):
+        if not table.num_rows:
+            out.hashes = np.empty(0, dtype=np.uint64)  # a window of no rows (a split shard's empty tail)
+            return out
+        if not (self.write_hash or self.previous is not None or self.dedupe is not False):
             return out
         out.hashes = hashes = row_hashes(table, self.hash_columns)
         todo = np.arange(table.num_rows)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ..core.batching import bisect_call, restore_order
 from ..core.errors import BulkinferError, ModelError
+from ..core.layout import HASH_COLUMN, result_columns
 from ..core.records import ErrorRecord, ShardOutput
 from ..sources import Shard
 from .reuse import Reuse
@@ -143,6 +144,8 @@ class Assembler:
             col = pa.concat_arrays([a if a.type == first else a.cast(first) for a in parts])
             arrays.append(col if order is None else col.take(order))
         table = pa.Table.from_arrays(arrays, names=[*end.passthrough.column_names, *names])
+        if HASH_COLUMN in end.passthrough.column_names:  # bulkinfer's own column goes after the results
+            table = table.select([*result_columns(table.column_names), HASH_COLUMN])
         if table.num_rows:
             state.windows.append(table)
         state.done_rows = end.next_row - state.shard.start

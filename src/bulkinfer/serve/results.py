@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
+from ..core.layout import result_columns
 from ..core.storage import file_version
 
 __all__ = ["ResultIndex"]
@@ -97,5 +98,5 @@ class ResultIndex:
         self._open[part] = table
         while len(self._open) > _OPEN_PARTS:
             self._open.popitem(last=False)
-        rows: list[dict[str, Any]] = table.slice(row, 1).to_pylist()
+        rows: list[dict[str, Any]] = table.slice(row, 1).select(result_columns(table.column_names)).to_pylist()
         return rows[0]
