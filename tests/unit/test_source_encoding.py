@@ -147,3 +147,17 @@ def test_the_setting_is_checked_up_front():
 def test_decoding_a_shard_names_the_byte_in_the_file():
     with pytest.raises(SourceError, match=r"^f\.csv: byte 105 \(0x81\) is not cp1252; "):
         text_encoding.decoded(b"abcde\x81", "cp1252", "f.csv", 100)
+
+
+def test_a_batch_file_in_utf16_is_recognised_and_its_requests_read(tmp_path):
+    from bulkinfer.sources.openai_batch import looks_like_batch
+
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": f"caf\u00e9 {i}"}}
+        for i in range(5)
+    ]
+    path = tmp_path / "b.jsonl"
+    path.write_bytes("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines).encode("utf-16"))
+    assert looks_like_batch(str(path))
+    rows = _rows(_plan(path, fmt="openai-batch"), ["custom_id", "body"])
+    assert [(r["custom_id"], json.loads(r["body"])) for r in rows] == [(x["custom_id"], x["body"]) for x in lines]

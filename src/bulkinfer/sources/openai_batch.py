@@ -18,9 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.errors import SourceError
 from ..core.storage import open_binary, read_range
 from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, numbered
-from .encoding import decoded
+from .encoding import codec_of, decoded, open_text_head
 from .jsonl import json_lines, plan_lines
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
@@ -40,9 +41,11 @@ def _custom_id(line: bytes) -> str | None:
 def looks_like_batch(uri: str, lines: int = 20) -> bool:
     """Whether the file is one of OpenAI batch requests: its first line that is a JSON object
     (within the first ``lines`` non-empty ones: a broken line does not hide what the file is)
-    has a ``custom_id`` and a ``url``."""
+    has a ``custom_id`` and a ``url``. A byte-order mark says the file's encoding."""
     try:
         with open_binary(uri) as fh:
+            codec = codec_of(fh.read(4), "auto")
+        with open_text_head(uri, codec) as fh:
             seen = 0
             for line in fh:
                 if not line.strip():
@@ -55,7 +58,7 @@ def looks_like_batch(uri: str, lines: int = 20) -> bool:
                         return False
                     continue
                 return isinstance(obj, dict) and {"custom_id", "url"} <= set(obj)
-    except OSError:
+    except (OSError, SourceError):
         return False
     return False
 
