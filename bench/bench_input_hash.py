@@ -83,8 +83,11 @@ def main() -> None:
                 rps, size[hashes] = run(args, WORK / "out", hashes)
                 seen[hashes].append(rps)
         off, on = statistics.median(seen[False]), statistics.median(seen[True])
-        print(f"{name}: off {off:,.0f} rows/s, on {on:,.0f} rows/s ({on / off:.3f}x); output "
-              f"{size[False] / 1e6:.1f} MB -> {size[True] / 1e6:.1f} MB ({size[True] / size[False]:.3f}x)", flush=True)
+        print(
+            f"{name}: off {off:,.0f} rows/s, on {on:,.0f} rows/s ({on / off:.3f}x); output "
+            f"{size[False] / 1e6:.1f} MB -> {size[True] / 1e6:.1f} MB ({size[True] / size[False]:.3f}x)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

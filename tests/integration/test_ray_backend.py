@@ -156,8 +156,7 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module)
     refs = [s.actor.process.remote(shards[0], None, f"attempt{i}", committer.stamp) for i, s in enumerate(slots)]
     results = local_ray.get(refs)
     assert len(list(out.glob(".part-00000.parquet.tmp-attempt*"))) == 2  # both staged, neither visible
-    for result in results:
-        runner._accept(committer, result)
+    runner._accept(committer, results)  # back together: one group, where only the first may commit
     assert runner.counts["discarded"] == 1
     assert [(c.shard, c.start, c.stop, c.rows) for c in ledger.commits()] == [(0, 0, 200, 200)]
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["part-00000.parquet"]

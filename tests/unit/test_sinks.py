@@ -57,3 +57,68 @@ def test_to_arrow_column_shapes():
     assert to_arrow_column([[1.0], [2.0]]).to_pylist() == [[1.0], [2.0]]
     fixed = to_arrow_column(np.ones((2, 3), dtype=np.float32))
     assert fixed.type == pa.list_(pa.float32(), 3)
+
+
+def _group(tmp_path, n: int):
+    """A folder sink, its ledger and committer, and ``n`` parts staged as a cluster's workers stage them."""
+    from bulkinfer import load_config
+    from bulkinfer.commit.committer import Committer
+    from bulkinfer.commit.ledger import Ledger
+    from bulkinfer.core.records import ErrorRecord, ShardOutput
+    from bulkinfer.report import RunStats
+    from bulkinfer.sinks import make_sink
+    from bulkinfer.sources import Shard
+
+    cfg = load_config(overrides={"sink.path": str(tmp_path / "out"), "source.paths": ["x.jsonl"], "model.name": "x:y",
+                                 "execution.max_error_rate": 1.0})  # fmt: skip
+    sink = make_sink(cfg)
+    sink.start()
+    shards = [Shard(i, "x.jsonl", "jsonl", 2 * i, 2 * i + 2) for i in range(n)]
+    rows = pa.table({"id": [0, 1], "y": [0.5, 1.5]})
+    bad = [ErrorRecord.of("x.jsonl", 1, "predict", ValueError("no"))]
+    staged = [sink.stage(ShardOutput(s, rows, bad if s.index % 2 else []), None, tag="w") for s in shards]
+    ledger = Ledger(tmp_path / "out")
+    ledger.acquire()
+    stats = RunStats(rows_planned=2 * n)
+    return sink, ledger, Committer(cfg, ledger, sink, stats, {s.index: s.start for s in shards}, 0), staged
+
+
+def _visible(tmp_path) -> set[str]:
+    out = tmp_path / "out"
+    return {p.name for p in out.glob("part-*")} | {f"_errors/{p.name}" for p in (out / "_errors").glob("part-*")}
+
+
+def test_a_group_commit_records_every_shard_with_one_append_and_leaves_each_part_in_place(tmp_path):
+    _sink, ledger, committer, staged = _group(tmp_path, 6)
+    committer.publish_many(staged)
+    assert [c.shard for c in ledger.commits()] == list(range(6))
+    assert _visible(tmp_path) == {f"part-{i:05d}.parquet" for i in range(6)} | {
+        f"_errors/part-{i:05d}.jsonl" for i in (1, 3, 5)
+    }
+    assert committer.stats.shards_committed == 6 and committer.stats.rows_failed == 3
+    assert ledger.log_path.read_text().count("\n") == 6 and not list((tmp_path / "out").glob(".part-*"))
+
+
+def test_a_group_whose_ledger_append_fails_withdraws_exactly_the_parts_no_line_vouches_for(tmp_path, monkeypatch):
+    """The append wrote the first 2 lines whole and then the disk filled: those 2 shards stay
+    committed with their parts; the others' parts and error files are taken back."""
+    _sink, ledger, committer, staged = _group(tmp_path, 5)
+    real = ledger.commit_many
+
+    def fill_up(records):
+        real(records[:2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ledger, "commit_many", fill_up)
+    with pytest.raises(OSError):
+        committer.publish_many(staged)
+    assert [c.shard for c in ledger.commits()] == [0, 1]
+    assert _visible(tmp_path) == {"part-00000.parquet", "part-00001.parquet", "_errors/part-00001.jsonl"}
+
+
+def test_a_group_whose_rename_fails_midway_takes_back_the_parts_renamed_before_it(tmp_path):
+    _sink, ledger, committer, staged = _group(tmp_path, 4)
+    (tmp_path / "out" / staged[2].part.temp).unlink()  # its staged file is gone: the rename fails
+    with pytest.raises(Exception, match="cannot write the part"):
+        committer.publish_many(staged)
+    assert ledger.commits() == [] and _visible(tmp_path) == set()

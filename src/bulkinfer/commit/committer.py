@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -166,6 +166,24 @@ def commit_or_withdraw(
         raise
 
 
+def commit_many_or_withdraw(
+    sink: Sink, ledger: OutputLedger, done: Sequence[tuple[StagedOutput, Published, Commit]]
+) -> None:
+    """:func:`commit_or_withdraw` for a group: one ledger append for all; when it fails, the
+    published files of the records that did not make it are withdrawn."""
+    try:
+        ledger.commit_many([record for _, _, record in done])
+    except BaseException:
+        try:
+            written = set(ledger.commits())
+        except Exception:  # the ledger cannot be read either: the next run decides what no line vouches for
+            written = {record for _, _, record in done}
+        for staged, published, record in done:
+            if record not in written:
+                sink.withdraw(staged, published)
+        raise
+
+
 def _timed_write(target: ExportTarget, part: str, table: pa.Table, stats: RunStats) -> None:
     t0 = time.perf_counter()
     target.write(part, table)
@@ -210,22 +228,56 @@ class Committer:
     ) -> None:
         """Publish the staged files, write ``table`` (the part's rows) to the export targets and
         ``routed`` to the routes' targets, then append the ledger line that makes them count."""
+        t0 = time.perf_counter()
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
+        n_routed = sum(t.num_rows for t in (routed or {}).values())
+        record = self._record(staged, published, n_routed)
+        commit_or_withdraw(self.sink, self.ledger, staged, published, record)
+        self._committed(staged, published, n_routed)
+        self.stats.commit_s += time.perf_counter() - t0
+        self._check_budget()
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> None:
+        """Commit several shards staged elsewhere together (a cluster's driver): their files put
+        in place with one directory fsync, then one ledger append for all. Shards with rows for
+        export targets or routes go one by one (:meth:`publish`)."""
+        if self.exports or self.routes:
+            raise AssertionError("publish_many is for shards without export targets or routes")
+        t0 = time.perf_counter()
+        published = self.sink.publish_many(staged)
+        for _ in staged:
+            crash_point("exported")  # the point each shard passes in publish_and_export
+        done = [(s, p, self._record(s, p, 0)) for s, p in zip(staged, published, strict=True)]
+        commit_many_or_withdraw(self.sink, self.ledger, done)
+        for s, p, _ in done:
+            self._committed(s, p, 0)
+        self.stats.commit_s += time.perf_counter() - t0
+        self._check_budget()
+
+    @property
+    def groups(self) -> bool:
+        """Whether :meth:`publish_many` may take several shards at once."""
+        return not (self.exports or self.routes)
+
+    def _record(self, staged: StagedOutput, published: Published, n_routed: int) -> Commit:
         shard = staged.shard
         if staged.first_error and (self._first_at is None or shard.index < self._first_at):
             self.first_error, self._first_at = staged.first_error, shard.index  # the first bad row in file order
-        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
-        part = published.part
-        n_routed = sum(t.num_rows for t in (routed or {}).values())
-        record = Commit.of(
-            shard.index, shard.start, shard.stop, part, staged.failed, published.error_file, routed=n_routed
+        return Commit.of(
+            shard.index, shard.start, shard.stop, published.part, staged.failed, published.error_file, routed=n_routed
         )
-        commit_or_withdraw(self.sink, self.ledger, staged, published, record)
+
+    def _committed(self, staged: StagedOutput, published: Published, n_routed: int) -> None:
+        """After the ledger line: the part revealed, and the run's figures."""
         self.sink.reveal(staged)
+        part = published.part
         if part is not None:
             self.stats.output.add(part.name, staged.stats)
         rows_out = (part.rows if part else 0) + n_routed
-        self.stats.add_rows(rows_in=shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
+        self.stats.add_rows(rows_in=staged.shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
         self.on_commit()
+
+    def _check_budget(self) -> None:
         total = self.failed_before + self.stats.rows_failed
         if total > self.budget:
             ex = self.cfg.execution
@@ -288,6 +340,14 @@ class RetryCommitter:
 
     def name_start(self, shard: Shard) -> int | None:
         return None  # retry parts are named after the error file they supersede
+
+    @property
+    def groups(self) -> bool:
+        return False  # one unit, one ledger line that supersedes its error file
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> None:
+        for s in staged:
+            self.publish(s)
 
     def discard(self, staged: StagedOutput) -> None:
         self.sink.discard(staged)

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -210,6 +210,11 @@ class ObjectLedger:
                 "by another run; refusing to write them twice"
             )
         return record
+
+    def commit_many(self, records: Sequence[Commit]) -> None:
+        """One commit object each (a store has no append)."""
+        for record in records:
+            self.commit(record)
 
     def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]:
         committed = list(committed)

@@ -47,6 +47,7 @@ class RunStats:
     completion_tokens: int = 0  # generation: the tokens generated for them
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wait_for_input_s: float = 0.0
+    commit_s: float = 0.0  # this process's time committing shards (publish, ledger line, figures)
     batch_sizes: Counter[int] = field(default_factory=Counter)
     quality: dict[str, Any] | None = None
     backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
@@ -188,6 +189,10 @@ class RunStats:
             "time_s": {k: round(v, 3) for k, v in self.stage_s.items()},
             "time_share": {k: round(v / wall, 4) for k, v in self.stage_s.items()},
             "wait_for_input_s": round(self.wait_for_input_s, 3),
+            "commit": {
+                "s": round(self.commit_s, 3),
+                "shards_per_s": round(self.shards_committed / self.commit_s, 1) if self.commit_s else None,
+            },
             "batches": {
                 "count": n_batches,
                 "mean_rows": round(sum(k * v for k, v in self.batch_sizes.items()) / max(n_batches, 1), 2),

@@ -74,6 +74,15 @@ class Committing(Protocol):
         ``routed``: each route's rows, for the routes' targets)."""
         ...
 
+    @property
+    def groups(self) -> bool:
+        """Whether shards may be committed together (:meth:`publish_many`: no export targets, no routes)."""
+        ...
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> None:
+        """Commit several shards staged elsewhere at once: one directory fsync and one ledger append."""
+        ...
+
     def discard(self, staged: StagedOutput) -> None:
         """Drop a staged attempt whose rows another attempt committed."""
         ...

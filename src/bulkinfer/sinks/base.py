@@ -17,6 +17,7 @@ the shard runs again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,6 +82,11 @@ class Sink(Protocol):
 
     def publish(self, staged: StagedOutput) -> Published:
         """Put the staged files in place, before the ledger line (a folder: rename them)."""
+        ...
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> list[Published]:
+        """:meth:`publish` for several shards committed together (a folder: one directory fsync for
+        all); when one fails, those before it are withdrawn and the error goes on."""
         ...
 
     def reveal(self, staged: StagedOutput) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,10 @@ class DeltaSink(FileSink):
         the resume keeps the parts the table holds."""
         if published.error_file is not None:
             (self.errors_dir / published.error_file).unlink(missing_ok=True)
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> list[Published]:
+        """One Delta commit per part, as :meth:`publish` makes them (each is idempotent)."""
+        return [self.publish(s) for s in staged]
 
     def publish(self, staged: StagedOutput) -> Published:
         from deltalake import CommitProperties, DeltaTable, Transaction

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,8 +126,11 @@ def stage_bytes(out_dir: Path, name: str, data: bytes, rows: int, tag: str = "",
     return Staged(tmp.name, Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
 
 
-def publish(out_dir: Path, staged: Staged, crash_at: str | None = "part-temp-written", what: str = "the part") -> Part:
-    """Rename a staged file into place and fsync the directory.
+def publish(
+    out_dir: Path, staged: Staged, crash_at: str | None = "part-temp-written", what: str = "the part", sync: bool = True
+) -> Part:
+    """Rename a staged file into place and fsync the directory (``sync``; else the caller does,
+    once for several renames, before anything relies on them).
 
     ``crash_at`` names the fault-injection point just before the rename.
     """
@@ -135,7 +139,8 @@ def publish(out_dir: Path, staged: Staged, crash_at: str | None = "part-temp-wri
         if crash_at:
             crash_point(crash_at)
         os.replace(tmp, final)
-        fsync_dir(out_dir)
+        if sync:
+            fsync_dir(out_dir)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise _write_error(final, what, exc) from exc
@@ -188,12 +193,29 @@ class FileSink:
         return StagedOutput(shard, part, errors, out.failed, first, unit)
 
     def publish(self, staged: StagedOutput) -> Published:
-        error_file = publish(self.errors_dir, staged.errors).name if staged.errors else None
-        part = None
-        if staged.part:
-            part = publish(self.out_dir, staged.part)
-            crash_point("part-renamed")
-        return Published(part, error_file)
+        return self._publish_files([staged])[0]
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> list[Published]:
+        return self._publish_files(staged)
+
+    def _publish_files(self, staged: Sequence[StagedOutput]) -> list[Published]:
+        """Every shard's files renamed into place, then one fsync of each folder renamed into."""
+        done: list[tuple[StagedOutput, Published]] = []
+        try:
+            for s in staged:
+                error_file = publish(self.errors_dir, s.errors, sync=False).name if s.errors else None
+                done.append((s, Published(None, error_file)))
+                if s.part:
+                    done[-1] = (s, Published(publish(self.out_dir, s.part, sync=False), error_file))
+                    crash_point("part-renamed")
+            if any(s.errors for s in staged):
+                fsync_dir(self.errors_dir)
+            fsync_dir(self.out_dir)
+        except BaseException:
+            for s, p in done:  # renamed, but no ledger line will vouch for them
+                self.withdraw(s, p)
+            raise
+        return [p for _, p in done]
 
     def reveal(self, staged: StagedOutput) -> None:
         """Nothing: the rename in :meth:`publish` already put the part in place."""

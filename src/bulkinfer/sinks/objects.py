@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import fsspec
@@ -244,6 +244,17 @@ class ObjectSink:
             error_file = staged.errors.part.name
         crash_point("part-temp-written")
         return Published(staged.part.part if staged.part else None, error_file)
+
+    def publish_many(self, staged: Sequence[StagedOutput]) -> list[Published]:
+        done: list[tuple[StagedOutput, Published]] = []
+        try:
+            for s in staged:
+                done.append((s, self.publish(s)))
+        except BaseException:
+            for s, p in done:
+                self.withdraw(s, p)
+            raise
+        return [p for _, p in done]
 
     def reveal(self, staged: StagedOutput) -> None:
         """The committed part copied into place, then its staged objects deleted."""

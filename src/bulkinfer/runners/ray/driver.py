@@ -74,6 +74,7 @@ class RayRunner:
         self.slots: list[_Slot] = []
         self.todo: deque[Shard] = deque()
         self.attempts: dict[Any, _Attempt] = {}
+        self.driver_cpu_s = 0.0
         self.covered: dict[int, list[tuple[int, int]]] = {}
         self.rows_left = 0
         self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0}
@@ -134,7 +135,8 @@ class RayRunner:
 
     def close(self) -> None:
         """Stop the workers, and the Ray instance if this process started it."""
-        self.stats.backend = {"name": "ray", "workers": self.target, **self.counts}
+        cpu = {"driver_cpu_s": round(self.driver_cpu_s, 3)} if self.driver_cpu_s else {}
+        self.stats.backend = {"name": "ray", "workers": self.target, **self.counts, **cpu}
         for slot in self.slots:
             self.ray.kill(slot.actor, no_restart=True)
         self.slots = []
@@ -180,16 +182,20 @@ class RayRunner:
         self.target = n
         self.todo = deque(shards)
         self.rows_left = sum(s.num_rows for s in shards)
-        while self.rows_left > 0:
-            if self.stop.is_set():
-                self._wind_down(commit)
-                return
-            self._check_started()
-            self._assign(commit)
-            self._collect(commit, timeout=0.2)
-            self._heartbeat()
-            self._split_stragglers()
-            self._replace_lost()
+        cpu = time.process_time()  # the driver's own cost, all its threads (Ray's among them): what it could sustain
+        try:
+            while self.rows_left > 0:
+                if self.stop.is_set():
+                    self._wind_down(commit)
+                    return
+                self._check_started()
+                self._assign(commit)
+                self._collect(commit, timeout=0.2)
+                self._heartbeat()
+                self._split_stragglers()
+                self._replace_lost()
+        finally:
+            self.driver_cpu_s = time.process_time() - cpu
 
     def _check_started(self) -> None:
         starting = [s for s in self.slots if s.ready is not None]
@@ -233,7 +239,10 @@ class RayRunner:
         if not refs:
             time.sleep(timeout)
             return
-        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        done, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)  # on as soon as one is back
+        if done:
+            done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)  # and every other one back by now
+        results = []
         for ref in done:
             attempt = self.attempts.pop(ref, None)
             if attempt is None:
@@ -254,24 +263,37 @@ class RayRunner:
                 slot.attempt = None
             slot.suspect = False
             slot.last_seen = time.monotonic()
-            self._accept(commit, result)
+            results.append(result)
+        self._accept(commit, results)
+        self._assign(commit)  # the freed workers start their next shards before anything else
 
-    def _accept(self, commit: Committing, result: dict[str, Any]) -> None:
-        staged: StagedOutput = result["staged"]
-        shard = staged.shard
-        if self._is_covered(shard):
-            commit.discard(staged)
-            self.counts["discarded"] += 1
-            log.info(
-                "rows %s of shard %d were committed by another attempt; this one is discarded",
-                _rows(shard),
-                shard.index,
-            )
-            return
-        commit.publish(staged, result["table"], result["routed"])
-        self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
-        self.rows_left -= shard.num_rows
-        self.stats.merge(result["figures"])
+    def _accept(self, commit: Committing, results: list[dict[str, Any]]) -> None:
+        """Commit what came back, together when the job allows (one ledger append for all);
+        an attempt whose rows another attempt committed is discarded."""
+        fresh: list[dict[str, Any]] = []
+        for result in results:
+            staged: StagedOutput = result["staged"]
+            shard = staged.shard
+            if self._is_covered(shard) or any(_overlap(shard, r["staged"].shard) for r in fresh):
+                commit.discard(staged)
+                self.counts["discarded"] += 1
+                log.info(
+                    "rows %s of shard %d were committed by another attempt; this one is discarded",
+                    _rows(shard),
+                    shard.index,
+                )
+                continue
+            fresh.append(result)
+        if commit.groups and len(fresh) > 1:
+            commit.publish_many([r["staged"] for r in fresh])
+        else:
+            for r in fresh:
+                commit.publish(r["staged"], r["table"], r["routed"])
+        for r in fresh:
+            shard = r["staged"].shard
+            self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
+            self.rows_left -= shard.num_rows
+            self.stats.merge(r["figures"])
 
     def _is_covered(self, shard: Shard) -> bool:
         """Whether any row of ``shard`` was already committed (by another attempt)."""
@@ -396,6 +418,10 @@ class RayRunner:
         deadline = time.monotonic() + _STOP_GRACE_S
         while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
             self._collect(commit, timeout=0.5)
+
+
+def _overlap(a: Shard, b: Shard) -> bool:
+    return a.index == b.index and a.start < b.stop and b.start < a.stop
 
 
 def _rows(shard: Shard) -> str:
