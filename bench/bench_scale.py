@@ -9,7 +9,8 @@ Printed per size:
 
 - plan time (`bulkinfer inspect`-free: the run's set-up until its first commit);
 - the run's time per shard (commit path only);
-- resume time after a SIGKILL at half (the rerun's wall);
+- resume time after a SIGKILL at half (the rerun's wall), and its set-up alone (reading the
+  plan and the ledger until the first shard runs: what a resume costs beyond the work left);
 - `bulkinfer inspect --json` time;
 - the driver's peak memory (the run's max RSS);
 - the size of every state file (`_bulkinfer/*`, `_SUCCESS`).
@@ -94,16 +95,18 @@ def measure(n: int, per_shard: int, work: Path) -> dict[str, float]:
     inspect_s, _ = timed([*bulkinfer(), "inspect", "--json", str(out)])
     again = work / f"again-{n}"
     killed_at_half(job(src, again, per_shard), again, n)
-    resume_s, _ = timed(job(src, again, per_shard))
+    resume_s, resume_rss = timed(job(src, again, per_shard))
+    resumed = json.loads((again / "_bulkinfer" / "report.json").read_text())
     sizes = state_sizes(out)
     figures = {
         "shards": n, "run_s": run_s, "setup_s": report["setup_s"], "per_shard_ms": report["run_s"] / n * 1000,
-        "resume_s": resume_s, "inspect_s": inspect_s, "peak_mib": rss / 1024, "state_bytes": sum(sizes.values()),
+        "resume_s": resume_s, "resume_setup_s": resumed["setup_s"], "inspect_s": inspect_s,
+        "peak_mib": max(rss, resume_rss) / 1024, "state_bytes": sum(sizes.values()),
     }  # fmt: skip
     print(
         f"{n:>9,} shards: run {run_s:7.1f} s (set-up {report['setup_s']:.1f} s, {figures['per_shard_ms']:.2f} ms "
-        f"a shard = {n / report['run_s']:,.0f} shards/s), resume after a kill at half {resume_s:6.1f} s, inspect "
-        f"{inspect_s:5.1f} s, peak {rss / 1024:6.0f} MiB; state: "
+        f"a shard = {n / report['run_s']:,.0f} shards/s), resume after a kill at half {resume_s:6.1f} s (set-up "
+        f"{resumed['setup_s']:.1f} s), inspect {inspect_s:5.1f} s, peak {figures['peak_mib']:6.0f} MiB; state: "
         + ", ".join(f"{k} {v / 1024:,.0f} KiB" for k, v in sizes.items()),
         flush=True,
     )
@@ -122,7 +125,7 @@ def main() -> None:
     for a, b in itertools.pairwise(rows):
         ratio = math.log(b["shards"] / a["shards"])
         grow = {k: math.log(max(b[k], 1e-9) / max(a[k], 1e-9)) / ratio
-                for k in ("run_s", "resume_s", "inspect_s", "state_bytes", "peak_mib")}  # fmt: skip
+                for k in ("run_s", "resume_s", "resume_setup_s", "inspect_s", "state_bytes", "peak_mib")}  # fmt: skip
         print(f"growth {a['shards']:,} -> {b['shards']:,} (time ∝ n^k): "
               + ", ".join(f"{k} k={v:.2f}" for k, v in grow.items()))  # fmt: skip
     print(f"(peak memory is the max RSS of the run's process; {resource.getpagesize()} B pages)")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,23 @@ from .sources.parquet import forget_footers
 if TYPE_CHECKING:
     from .adapters import Adapter, ResolvedModel
 
-__all__ = ["JobPlan", "describe_change", "job_identity", "make_plan"]
+__all__ = ["SHARDS_LINE", "JobPlan", "describe_change", "job_identity", "make_plan", "plan_fields"]
+
+SHARDS_LINE = ' "shards":[\n'
+"""The line of ``job.json`` after which its shards follow, one a line (earlier versions wrote
+``"shards": [`` with a space, and each shard over several lines)."""
+
+
+def plan_fields(data: bytes) -> dict[str, Any]:
+    """``job.json``'s fields without its shards (what readers of the job's identity, config and
+    model need), parsed without the shards' part of the file."""
+    at = data.find(b"\n" + SHARDS_LINE.encode())
+    if at < 0:  # the layout of earlier versions: one document
+        fields = dict(json.loads(data))
+        fields.pop("shards", None)
+        return fields
+    return dict(json.loads(data[:at].rstrip().removesuffix(b",") + b"}"))
+
 
 log = logging.getLogger("bulkinfer")
 
@@ -70,7 +87,7 @@ class JobPlan:
         """Each shard's first row as planned (a tail of it names its file by its own start)."""
         return {s.index: s.start for s in self.shards}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, shards: bool = True) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
             "bulkinfer_version": self.bulkinfer_version,
@@ -80,13 +97,41 @@ class JobPlan:
             "model_digest": self.model_digest,
             "inputs": [f.to_json() for f in self.inputs],
             "config": self.config,
-            "shards": [s.to_json() for s in self.shards],
             "input_errors": [e.to_json() for e in self.input_errors],
             **({} if self.column_types is None else {"column_types": self.column_types}),
+            **({"shards": [s.to_json() for s in self.shards]} if shards else {}),
         }
 
+    def json_chunks(self) -> Iterator[str]:
+        """``job.json`` as written: the plan's fields, then its shards last, one a line (after the
+        line :data:`SHARDS_LINE`), so a reader takes the fields without the shards, and the
+        shards one at a time, and a writer never holds the document (a million shards: 250 MB)."""
+        head = json.dumps(self.to_json(shards=False), indent=1)
+        yield head[: -len("\n}")] + ",\n" + SHARDS_LINE
+        last = len(self.shards) - 1
+        for i, s in enumerate(self.shards):
+            yield json.dumps(s.to_json(), separators=(",", ":")) + (",\n" if i < last else "\n")
+        yield "]}\n"
+
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobPlan:
+    def from_lines(cls, lines: Iterable[str]) -> JobPlan:
+        """The plan in ``job.json``'s lines, shard by shard (:meth:`json_chunks`); a file in the
+        layout of earlier versions (one JSON document) is read whole."""
+        head: list[str] = []
+        it = iter(lines)
+        for line in it:
+            if line == SHARDS_LINE:
+                shards = []
+                for row in it:
+                    if row.startswith("]"):
+                        break
+                    shards.append(Shard.from_json(json.loads(row.rstrip().removesuffix(","))))
+                return cls.from_json(json.loads("".join(head).rstrip().removesuffix(",") + "}"), shards)
+            head.append(line)
+        return cls.from_json(json.loads("".join(head)))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], shards: list[Shard] | None = None) -> JobPlan:
         model = data.get("model") or {}
         return cls(
             fingerprint=data["fingerprint"],
@@ -96,7 +141,7 @@ class JobPlan:
             model_digest=data.get("model_digest", ""),
             inputs=[InputFile.from_json(f) for f in data.get("inputs", [])],
             config=data.get("config", {}),
-            shards=[Shard.from_json(s) for s in data.get("shards", [])],
+            shards=shards if shards is not None else [Shard.from_json(s) for s in data.get("shards", [])],
             input_errors=[ErrorRecord.from_json(e) for e in data.get("input_errors", [])],
             column_types=data.get("column_types"),
             created=data.get("created", 0.0),

@@ -128,3 +128,19 @@ def test_drift_against_a_baseline_and_fail_on_drift(data):
     assert missing.returncode == 1 and "monitor.baseline" in missing.stderr and "Traceback" not in missing.stderr
     assert not (tmp_path / "x" / "_SUCCESS").exists()
     assert np.isfinite(pred["psi"])
+
+
+def test_stats_are_saved_as_parts_commit_so_a_resume_after_a_kill_rereads_few_parts(data, monkeypatch):
+    """stats.json is saved while the job runs (every STATS_EVERY_S; here after every commit) and
+    always describes committed parts only, so a resume after a kill recomputes only the parts
+    committed since."""
+    import bulkinfer.commit.committer as committer
+
+    tmp_path = data
+    monkeypatch.setattr(committer, "STATS_EVERY_S", 0.0)
+    saved = tmp_path / "out" / "_bulkinfer" / "stats.json"
+    seen: list[list[str] | None] = []
+    run_job(load_config(overrides=job(tmp_path, "out")), on_commit=lambda _s: seen.append(
+        json.loads(saved.read_text())["state"]["covers"] if saved.exists() else None))  # fmt: skip
+    assert seen == [[f"part-{i:05d}.parquet" for i in range(k + 1)] for k in range(6)]
+    assert_describes(stats_of(tmp_path / "out"), tmp_path / "out")

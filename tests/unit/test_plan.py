@@ -3,12 +3,19 @@ footer or head again; a changed input is planned afresh."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bulkinfer.plan as plan_module
 from bulkinfer import load_config
 from bulkinfer.adapters import build_adapter, resolve_model
-from bulkinfer.plan import JobPlan, make_plan
+from bulkinfer.core.errors import SourceError
+from bulkinfer.core.records import ErrorRecord
+from bulkinfer.plan import JobPlan, make_plan, plan_fields
+from bulkinfer.sources import Shard
 
 from helpers import tabular_table, write
 
@@ -47,3 +54,39 @@ def test_a_resume_reads_no_head_and_keeps_the_stored_plan(job):
     changed = make_plan(cfg, model, adapter, stored)
     assert len(heads) == 5 and changed.fingerprint != first.fingerprint
     assert changed.rows == 160  # planned afresh from the files as they are now
+
+
+_shards = st.builds(
+    Shard,
+    index=st.integers(0, 10**7),
+    uri=st.sampled_from(["/in/a.jsonl", "s3://b/k.csv", '/in/ü ,"q".parquet']),
+    format=st.sampled_from(["jsonl", "csv", "parquet"]),
+    start=st.integers(0, 10**9),
+    stop=st.integers(0, 10**9),
+    offset=st.none() | st.integers(0, 10**12),
+    end=st.none() | st.integers(0, 10**12),
+    base=st.none() | st.integers(0, 10**9),
+    repeats=st.lists(st.integers(0, 99), max_size=3).map(tuple),
+    oversized=st.booleans(),
+    encoding=st.none() | st.just("utf-16-le"),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shards=st.lists(_shards, max_size=20), errors=st.booleans())
+def test_job_json_keeps_every_shard_one_a_line_and_its_fields_read_without_them(shards, errors):
+    """job.json is written in chunks with its shards last, one a line: it is one JSON document,
+    it reads back as the same plan, and its fields read without parsing a shard."""
+    plan = JobPlan(
+        fingerprint="f" * 32, identity={"source.id_column": "id"}, model_kind="custom", model_location="m:x",
+        model_digest="d", inputs=[], config={"sink": {"path": "out"}}, shards=shards, column_types={"x": "double"},
+        input_errors=[ErrorRecord.of("/in/a.jsonl", None, "plan", SourceError("bad"))] if errors else [],
+    )  # fmt: skip
+    text = "".join(plan.json_chunks())
+    assert json.loads(text) == json.loads(json.dumps(plan.to_json()))  # tuples are lists in JSON
+    back = JobPlan.from_lines(text.splitlines(keepends=True))
+    assert back == plan and back.shards == shards
+    assert plan_fields(text.encode()) == plan.to_json(shards=False)
+    before = json.dumps(plan.to_json(), indent=1)  # the layout of earlier versions: one document, read whole
+    assert JobPlan.from_lines(before.splitlines(keepends=True)) == plan
+    assert plan_fields(before.encode()) == plan.to_json(shards=False)

@@ -24,7 +24,7 @@ import shutil
 import socket
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,11 +45,11 @@ __all__ = [
     "OutputLedger",
     "active_error_files",
     "failed_rows",
-    "success_manifest",
+    "success_chunks",
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Commit:
     """Rows ``[start, stop)`` of shard ``shard`` are done: ``rows`` of them are in ``file``
     (empty when none succeeded), ``errors`` failed and are described in ``error_file``."""
@@ -99,8 +99,10 @@ def _decode_line(line: str, where: str) -> dict[str, Any]:
     return data
 
 
-def _write_atomic(path: Path, text: str, crash_at: str | None = None) -> None:
-    write_bytes(path.parent, path.name, text.encode("utf-8"), 0, crash_at=crash_at, what="it")
+def _write_atomic(path: Path, text: str | Iterable[str], crash_at: str | None = None) -> None:
+    """``text`` (or its chunks, never joined: a million shards' job.json or _SUCCESS) in place atomically."""
+    data = text.encode("utf-8") if isinstance(text, str) else (chunk.encode("utf-8") for chunk in text)
+    write_bytes(path.parent, path.name, data, 0, crash_at=crash_at, what="it")
 
 
 _DERIVED = ("_delta_log", "_batch_output.jsonl", "_batch_errors.jsonl")  # a Delta sink's log, Batch API files
@@ -215,7 +217,8 @@ class Ledger:
         if not self.job_path.is_file():
             return None
         try:
-            return JobPlan.from_json(json.loads(self.job_path.read_text(encoding="utf-8")))
+            with open(self.job_path, encoding="utf-8") as fh:
+                return JobPlan.from_lines(fh)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"{self.job_path}: unreadable ({exc}); rerun with --overwrite") from exc
 
@@ -238,7 +241,7 @@ class Ledger:
                     "choose an empty or new --output"
                 )
             self.wipe()
-            _write_atomic(self.job_path, json.dumps(plan.to_json(), indent=1))
+            _write_atomic(self.job_path, plan.json_chunks())
             self.log_path.touch()
             return plan
         return existing
@@ -317,8 +320,8 @@ class Ledger:
 
     def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
         """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum."""
-        manifest = {**success_manifest(self.commits(), fingerprint, inputs_failed), **(extra or {})}
-        _write_atomic(self.out_dir / SUCCESS, json.dumps(manifest, indent=1), crash_at="success-temp-written")
+        chunks = success_chunks(self.commits(), fingerprint, inputs_failed, extra)
+        _write_atomic(self.out_dir / SUCCESS, chunks, crash_at="success-temp-written")
 
     def write_file(self, name: str, data: bytes) -> None:
         """A file of the output's own beside the parts (``_deleted.parquet``), atomically."""
@@ -365,9 +368,22 @@ def failed_rows(commits: Iterable[Commit]) -> int:
     return sum(c.errors for c in commits if c.error_file in active)
 
 
-def success_manifest(commits: Iterable[Commit], fingerprint: str, inputs_failed: int) -> dict[str, Any]:
-    """What ``_SUCCESS`` says: every committed file with its rows, bytes, checksum and rows range."""
+def success_chunks(
+    commits: Iterable[Commit], fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None
+) -> Iterator[str]:
+    """What ``_SUCCESS`` says, as written: the job, its row counts, its error files (and
+    ``extra``), then every committed file with its rows, bytes, checksum and rows range, last,
+    one a line, so a million parts are never one string or a million dicts at once."""
     commits = sorted(commits, key=lambda c: (c.shard, c.start))
+    head = json.dumps({**_success_fields(commits, fingerprint, inputs_failed), **(extra or {})}, indent=1)
+    yield head[: -len("\n}")] + ',\n "files":[\n'
+    files = [c for c in commits if c.file]
+    for i, c in enumerate(files):
+        yield json.dumps(_success_file(c), separators=(",", ":")) + (",\n" if i < len(files) - 1 else "\n")
+    yield "]}\n"
+
+
+def _success_fields(commits: list[Commit], fingerprint: str, inputs_failed: int) -> dict[str, Any]:
     return {
         "job_fingerprint": fingerprint,
         "completed": time.time(),
@@ -377,17 +393,16 @@ def success_manifest(commits: Iterable[Commit], fingerprint: str, inputs_failed:
         "inputs_failed": inputs_failed,
         "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]
         + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
-        "files": [
-            {
-                "name": c.file,
-                "rows": c.rows,
-                "bytes": c.bytes,
-                "sha256": c.sha256,
-                "shard": c.shard,
-                "start": c.start,
-                "stop": c.stop,
-            }
-            for c in commits
-            if c.file
-        ],
+    }
+
+
+def _success_file(c: Commit) -> dict[str, Any]:
+    return {
+        "name": c.file,
+        "rows": c.rows,
+        "bytes": c.bytes,
+        "sha256": c.sha256,
+        "shard": c.shard,
+        "start": c.start,
+        "stop": c.stop,
     }

@@ -153,7 +153,7 @@ class ObjectLedger:
         if data is None:
             return None
         try:
-            return JobPlan.from_json(json.loads(data))
+            return JobPlan.from_lines(data.decode("utf-8").splitlines(keepends=True))
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"{self.private}/job.json: unreadable ({exc}); rerun with --overwrite") from exc
 
@@ -174,7 +174,7 @@ class ObjectLedger:
                     "choose an empty or new prefix"
                 )
             self.wipe()
-            self.store.put(f"{PRIVATE}/job.json", json.dumps(plan.to_json(), indent=1).encode())
+            self.store.put(f"{PRIVATE}/job.json", "".join(plan.json_chunks()).encode())
             return plan
         return existing
 
@@ -265,10 +265,9 @@ class ObjectLedger:
         self.store.put(name, data)
 
     def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
-        from .ledger import success_manifest
+        from .ledger import success_chunks
 
-        manifest = {**success_manifest(self.commits(), fingerprint, inputs_failed), **(extra or {})}
-        self.store.put(SUCCESS, json.dumps(manifest, indent=1).encode())
+        self.store.put(SUCCESS, "".join(success_chunks(self.commits(), fingerprint, inputs_failed, extra)).encode())
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         self.store.put(f"{PRIVATE}/{name}", json.dumps(data, indent=1).encode())

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from ..core.errors import SourceError
 from ..core.layout import PRIVATE, SUCCESS, result_columns
 from ..core.storage import file_version, path_or_file, read_whole
+from ..plan import plan_fields
 
 __all__ = [
     "BATCH_ROWS",
@@ -48,9 +49,12 @@ def normalise(output: str | Path) -> str:
 
 
 def private_json(out: str, name: str) -> dict[str, Any] | None:
-    """A JSON file the run kept in ``_bulkinfer/`` (job.json, report.json, stats.json), or None."""
+    """A JSON file the run kept in ``_bulkinfer/`` (report.json, stats.json; job.json without its
+    shards, which only a resume reads: :meth:`~bulkinfer.plan.JobPlan.from_lines`), or None."""
     data = read_whole(f"{out}/{PRIVATE}/{name}")
-    return None if data is None else dict(json.loads(data))
+    if data is None:
+        return None
+    return plan_fields(data) if name == "job.json" else dict(json.loads(data))
 
 
 def finished_output(out: str, what: str = "indexed") -> tuple[list[Part], dict[str, Any]]:

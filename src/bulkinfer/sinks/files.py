@@ -12,7 +12,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -107,23 +107,30 @@ def write_part(out_dir: Path, name: str, table: pa.Table, fmt: str, compression:
     return write_bytes(out_dir, name, serialize(table, fmt, compression), table.num_rows)
 
 
-def stage_bytes(out_dir: Path, name: str, data: bytes, rows: int, tag: str = "", what: str = "the part") -> Staged:
-    """Write ``data`` to a hidden temp file beside ``out_dir/name`` and fsync it.
+def stage_bytes(
+    out_dir: Path, name: str, data: bytes | Iterable[bytes], rows: int, tag: str = "", what: str = "the part"
+) -> Staged:
+    """Write ``data`` (bytes, or chunks of them: a file never held whole) to a hidden temp file
+    beside ``out_dir/name`` and fsync it.
 
     ``tag`` tells apart attempts that write the same name (a Ray worker's attempt id);
     by default the process id.
     """
     tmp = out_dir / f".{name}.tmp-{tag or os.getpid()}"
+    digest, size = hashlib.sha256(), 0
     try:
         with open(tmp, "wb") as fh:
             io_point("part-write")
-            fh.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise _write_error(out_dir / name, what, exc) from exc
-    return Staged(tmp.name, Part(name=name, rows=rows, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    return Staged(tmp.name, Part(name=name, rows=rows, bytes=size, sha256=digest.hexdigest()))
 
 
 def publish(
@@ -148,7 +155,12 @@ def publish(
 
 
 def write_bytes(
-    out_dir: Path, name: str, data: bytes, rows: int, crash_at: str | None = "part-temp-written", what: str = "the part"
+    out_dir: Path,
+    name: str,
+    data: bytes | Iterable[bytes],
+    rows: int,
+    crash_at: str | None = "part-temp-written",
+    what: str = "the part",
 ) -> Part:
     """Write ``data`` to ``out_dir/name`` atomically (hidden temp file, fsync, rename, fsync directory)."""
     return publish(out_dir, stage_bytes(out_dir, name, data, rows, what=what), crash_at, what)

@@ -3,8 +3,9 @@ and the :class:`Format` protocol each format module implements."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -77,7 +78,7 @@ class Span(NamedTuple):
     """The span is one record over ``source.max_record_bytes``: an error row, never read."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Shard:
     """Rows ``[start, stop)`` of one input file.
 
@@ -107,14 +108,16 @@ class Shard:
         return self.stop - self.start
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        if self.encoding is None:
-            del data["encoding"]
-        return data
+        """Its fields, those at their defaults left out (a million shards' job.json)."""
+        return {k: v for k, v in asdict(self).items() if k not in _SHARD_DEFAULTS or v != _SHARD_DEFAULTS[k]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Shard:
-        return cls(**{**data, "repeats": tuple(data.get("repeats", ()))})
+        uri, fmt = sys.intern(data["uri"]), sys.intern(data["format"])  # one string for all a file's shards
+        return cls(**{**data, "uri": uri, "format": fmt, "repeats": tuple(data.get("repeats", ()))})
+
+
+_SHARD_DEFAULTS = {f.name: f.default for f in fields(Shard) if f.default is not MISSING}
 
 
 class Format(Protocol):
