@@ -258,20 +258,26 @@ class Ledger:
 
     # -- commits ------------------------------------------------------------
     def commits(self, repair: bool = True) -> list[Commit]:
-        """Every committed part; a torn last line (a crash mid-append) is dropped (and cut off)."""
+        """Every committed part, read a line at a time (a million lines are never one string); a
+        torn last line (a crash mid-append) is dropped (and cut off)."""
         if not self.log_path.exists():
             return []
-        raw = self.log_path.read_bytes()
-        text = raw.decode("utf-8", errors="replace")
-        complete, _, torn = text.rpartition("\n")
+        out: list[Commit] = []
+        whole = n = 0  # bytes of the complete lines; lines read
+        with open(self.log_path, "rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # torn: the tail after the last line end
+                whole += len(raw)
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                if line:
+                    n += 1
+                    out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
+            torn = fh.seek(0, os.SEEK_END) > whole
         if torn and repair:
             with open(self.log_path, "r+b") as fh:
-                fh.truncate(len(raw) - len(torn.encode("utf-8", errors="replace")))
+                fh.truncate(whole)
                 os.fsync(fh.fileno())
-        out: list[Commit] = []
-        lines = [ln for ln in complete.split("\n") if ln] if complete else []
-        for n, line in enumerate(lines, 1):
-            out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
         return out
 
     def commit(self, record: Commit) -> Commit:
