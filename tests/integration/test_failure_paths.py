@@ -80,15 +80,15 @@ def test_no_part_is_visible_without_its_commit_whatever_fails(job, monkeypatch, 
     elif stage == "ledger line refused":
         from bulkinfer.core.errors import LedgerError
 
-        real, calls = Ledger.commit, []
+        real, calls = Ledger.commit_many, []
 
-        def commit_then_fail(self, record):
-            calls.append(record)
+        def commit_then_fail(self, records):  # every ledger append goes through commit_many
+            calls.append(records)
             if len(calls) == 2:
                 raise LedgerError("commits.log: disk full")
-            return real(self, record)
+            return real(self, records)
 
-        monkeypatch.setattr(Ledger, "commit", commit_then_fail)
+        monkeypatch.setattr(Ledger, "commit_many", commit_then_fail)
     settings = {
         "error budget exceeded": {"execution.max_errors": 2},
         "no error allowed": {"execution.max_error_rate": 0.0, "execution.min_error_budget": 0},

@@ -160,16 +160,7 @@ def commit_or_withdraw(
     """Append the ledger line; when that fails, withdraw the published files unless the line
     made it after all (a failure after the write): a part is never visible without its line,
     and a line never loses its part."""
-    try:
-        ledger.commit(record)
-    except BaseException:
-        try:
-            written = record in ledger.commits()
-        except Exception:  # the ledger cannot be read either: the next run decides what no line vouches for
-            written = True
-        if not written:
-            sink.withdraw(staged, published)
-        raise
+    commit_many_or_withdraw(sink, ledger, [(staged, published, record)])
 
 
 def commit_many_or_withdraw(
@@ -246,8 +237,8 @@ class Committer:
 
     def publish_many(self, staged: Sequence[StagedOutput]) -> None:
         """Commit several shards staged elsewhere together (a cluster's driver): their files put
-        in place with one directory fsync, then one ledger append for all. Shards with rows for
-        export targets or routes go one by one (:meth:`publish`)."""
+        in place with one directory fsync, then one ledger append for all. Only when
+        :attr:`groups` (a job with export targets or routes commits shard by shard)."""
         if self.exports or self.routes:
             raise AssertionError("publish_many is for shards without export targets or routes")
         t0 = time.perf_counter()

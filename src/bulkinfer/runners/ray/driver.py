@@ -242,7 +242,8 @@ class RayRunner:
         done, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)  # on as soon as one is back
         if done:
             done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)  # and every other one back by now
-        results = []
+        results: list[dict[str, Any]] = []
+        failure: BulkinferError | None = None
         for ref in done:
             attempt = self.attempts.pop(ref, None)
             if attempt is None:
@@ -252,10 +253,9 @@ class RayRunner:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
-                if isinstance(cause, BulkinferError):
-                    raise cause from None
                 where = f"{attempt.shard.uri}: a worker failed on rows {_rows(attempt.shard)}"
-                raise ModelError(f"{where}: {cause or exc}") from None
+                failure = cause if isinstance(cause, BulkinferError) else ModelError(f"{where}: {cause or exc}")
+                break
             except self.ray.exceptions.RayError as exc:
                 self._lost(slot, _short(exc))
                 continue
@@ -264,7 +264,9 @@ class RayRunner:
             slot.suspect = False
             slot.last_seen = time.monotonic()
             results.append(result)
-        self._accept(commit, results)
+        self._accept(commit, results)  # what came back whole before a failure is committed all the same
+        if failure is not None:
+            raise failure from None
         self._assign(commit)  # the freed workers start their next shards before anything else
 
     def _accept(self, commit: Committing, results: list[dict[str, Any]]) -> None:
