@@ -152,29 +152,39 @@ def test_concurrent_run_refused_and_dead_lock_taken_over(slow_job):
     assert read_output(cwd / "out")["id"].to_pylist() == list(range(1200))
 
 
-def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path):
+def test_changed_input_or_model_is_refused_unless_overwrite(tmp_path, monkeypatch):
+    from bulkinfer import load_config, run_job
+    from bulkinfer.core.errors import JobMismatchError
+
     write(tabular_table(300), tmp_path / "in.parquet")
     train_classifier(tmp_path / "m.joblib")
     args = ["-i", "in.parquet", "-m", "m.joblib", "--id-column", "id", "-o", "out", "--progress", "none"]
     cli("run", *args, cwd=tmp_path, check=True)
     write(tabular_table(300, seed=42), tmp_path / "in.parquet")
-    changed = cli("run", *args, cwd=tmp_path)
+    changed = cli("run", *args, cwd=tmp_path)  # the command's own answer: one line, exit 1
     assert changed.returncode == 1
     assert (
         "holds a different job (input " in changed.stderr
         and "in.parquet changed)" in changed.stderr
         and "--overwrite" in changed.stderr
     )
-    cli("run", *args, "--overwrite", cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)  # the same job in-process from here (the CLI is the same run_job)
+
+    def run(**extra: object) -> None:
+        base = {"source.paths": ["in.parquet"], "model.name": "m.joblib", "source.id_column": "id",
+                "sink.path": "out", "execution.progress": "none"}  # fmt: skip
+        run_job(load_config(overrides={**base, **extra}))
+
+    run(**{"execution.overwrite": True})
     train_classifier(tmp_path / "m.joblib", kind="lightgbm")
-    other_model = cli("run", *args, cwd=tmp_path)
-    assert other_model.returncode == 1 and "the model changed" in other_model.stderr
-    cli("run", *args, "--overwrite", cwd=tmp_path, check=True)
-    other_cfg = cli("run", *args, "--shard-rows", "7", cwd=tmp_path)
-    assert other_cfg.returncode == 1 and "source.shard_rows" in other_cfg.stderr
+    with pytest.raises(JobMismatchError, match="the model changed"):
+        run()
+    run(**{"execution.overwrite": True})
+    with pytest.raises(JobMismatchError, match="source.shard_rows"):
+        run(**{"source.shard_rows": 7})
     # settings that do not change the output may change between runs
-    assert cli("run", *args, "--batch-size", "3", "--overwrite", cwd=tmp_path).returncode == 0
-    assert cli("run", *args, "--batch-size", "5", cwd=tmp_path).returncode == 0
+    run(**{"runtime.batch_size": 3, "execution.overwrite": True})
+    run(**{"runtime.batch_size": 5})
     assert pa.Table.equals(read_output(tmp_path / "out").select(["id"]), tabular_table(300).select(["id"]))
 
 
