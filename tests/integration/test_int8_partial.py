@@ -153,3 +153,38 @@ def resolve(cfg) -> str:
     from bulkinfer.adapters import resolve_model
 
     return resolve_model(cfg).digest
+
+
+def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_same_model_settings_and_rows(
+    tiny, tmp_path, caplog
+):
+    """The gate's verdict is cached per model, precision as built, floor, machine kind and the
+    gate's sample rows: a rerun over the same data into a new output skips the gate (the same
+    figures, and its time in report.json); another floor or other rows are gated again; a
+    refused gate is never kept."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="bulkinfer")
+    gates = tiny[0] / "cache" / "gates"
+    before = set(gates.glob("*.json")) if gates.is_dir() else set()
+    first = run(tiny, "kept-1", **{"runtime.quality_floor": -0.7}).report["quality"]
+    assert first["passed"] and first["cached"] is False and first["gate_s"] > 0
+    kept = set(gates.glob("*.json")) - before
+    assert len(kept) == 1
+    again = run(tiny, "kept-2", **{"runtime.quality_floor": -0.7}).report["quality"]
+    assert again["cached"] is True and again["gate_s"] < first["gate_s"]
+    assert {k: again[k] for k in ("rows", "mean_cosine", "min_cosine")} == {
+        k: first[k] for k in ("rows", "mean_cosine", "min_cosine")
+    }
+    assert sum("passed on this machine kind" in r.getMessage() for r in caplog.records) == 1
+    other_floor = run(tiny, "kept-3", **{"runtime.quality_floor": -0.8}).report["quality"]
+    assert other_floor["cached"] is False
+    write(make_catalog(120, seed=5), tmp_path / "other.parquet")
+    other_rows = run(
+        tiny, "kept-4", **{"runtime.quality_floor": -0.7, "source.paths": [str(tmp_path / "other.parquet")]}
+    )
+    assert other_rows.report["quality"]["cached"] is False
+    assert len(set(gates.glob("*.json")) - before) == 3
+    with pytest.raises(QualityGateError):
+        run(tiny, "kept-5", **{"runtime.quality_floor": 0.999999, "runtime.int8_fp32_groups": []})
+    assert len(set(gates.glob("*.json")) - before) == 3  # a refusal is not kept

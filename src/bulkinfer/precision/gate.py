@@ -9,7 +9,11 @@ with the figures, before writing anything. The figures go into ``report.json``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,9 +171,78 @@ def job_quality_gate(
     cached = ledger.read_private("quality.json")
     if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
         return cached
-    figures = (figures_of or gate_figures)(cfg, adapter, model, shards)
+    t0 = time.perf_counter()
+    # a gate run here is kept for this machine kind; one on a cluster's worker is not (its kind is not known here)
+    verdict = verdict_path(cfg, adapter, model, shards) if figures_of is None else None
+    built_with = sorted(getattr(adapter, "int8_fp32_groups", None) or [])
+    figures = _read_verdict(verdict) if verdict is not None else None
+    if figures is not None and verdict is not None:
+        log.info("quality gate: passed on this machine kind for the same model, settings and sample rows (%s)",
+                 verdict.name)  # fmt: skip
+    else:
+        figures = (figures_of or gate_figures)(cfg, adapter, model, shards)
+        if (
+            verdict is not None
+            and figures.get("passed")
+            and sorted(figures.get("int8_fp32_groups") or []) == built_with
+        ):
+            _write_verdict(verdict, figures)  # not a search's new choice: the next build starts from it
+        figures = {**figures, "cached": False}
+    figures["gate_s"] = round(time.perf_counter() - t0, 3)
     ledger.write_private("quality.json", figures)
     return figures
+
+
+def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> Path:
+    """Where a passed gate's figures are kept for every output on this machine kind: keyed by the
+    model, the precision and engine as built (int8 blocks kept in fp32 included), the floor, the
+    machine kind, the libraries' versions and the gate's sample rows themselves, so a rerun over
+    the same data into a new output starts at once and anything else is gated again."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .._version import __version__
+    from ..core.hardware import isa_key
+    from ..engines import default_cache_dir
+
+    rt = cfg.runtime
+    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
+    out = pa.BufferOutputStream()
+    with pa.ipc.new_stream(out, sample.schema) as writer:
+        writer.write_table(sample)
+    libraries = {}
+    for name in ("onnxruntime", "torch"):
+        try:
+            libraries[name] = version(name)
+        except PackageNotFoundError:
+            libraries[name] = ""
+    key = {
+        "model": model.digest, "precision": rt.precision, "engine": rt.engine, "floor": rt.quality_floor,
+        "fp32_groups": sorted(getattr(adapter, "int8_fp32_groups", None) or []), "rows_per_call": rt.rows_per_call,
+        "machine": isa_key(), "bulkinfer": __version__, "libraries": libraries,
+        "sample": hashlib.sha256(out.getvalue()).hexdigest(),
+    }  # fmt: skip
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
+    return cache / "gates" / f"{name}.json"
+
+
+def _read_verdict(path: Path) -> dict[str, Any] | None:
+    try:
+        figures = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {**figures, "cached": True} if isinstance(figures, dict) and figures.get("passed") else None
+
+
+def _write_verdict(path: Path, figures: dict[str, Any]) -> None:
+    """Atomically; a cache that cannot be written only means the next run gates again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(figures), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.debug("quality gate: cannot keep the verdict in %s (%s)", path, exc)
 
 
 def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> dict[str, Any]:
