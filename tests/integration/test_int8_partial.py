@@ -167,8 +167,13 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
     caplog.set_level(logging.INFO, logger="bulkinfer")
     gates = tiny[0] / "cache" / "gates"
     before = set(gates.glob("*.json")) if gates.is_dir() else set()
-    first = run(tiny, "kept-1", **{"runtime.quality_floor": -0.7}).report["quality"]
+    report = run(tiny, "kept-1", **{"runtime.quality_floor": -0.7}).report
+    first = report["quality"]
     assert first["passed"] and first["cached"] is False and first["gate_s"] > 0
+    split = report["setup_split"]  # where the set-up went, the gate's share among it
+    assert set(split) == {"plan_s", "model_s", "gate_s", "first_commit_s"} and split["gate_s"] >= first["gate_s"]
+    assert split["plan_s"] + split["model_s"] + split["gate_s"] == pytest.approx(report["setup_s"], abs=0.01)
+    assert report["setup_s"] <= split["first_commit_s"] <= report["wall_s"]
     kept = set(gates.glob("*.json")) - before
     assert len(kept) == 1
     again = run(tiny, "kept-2", **{"runtime.quality_floor": -0.7}).report["quality"]

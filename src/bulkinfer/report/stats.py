@@ -48,6 +48,8 @@ class RunStats:
     stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     wait_for_input_s: float = 0.0
     commit_s: float = 0.0  # this process's time committing shards (publish, ledger line, figures)
+    setup_split: dict[str, float] = field(default_factory=dict)  # the model's set-up, the gate (local runner)
+    first_commit_s: float | None = None  # seconds from the start to the first committed row
     batch_sizes: Counter[int] = field(default_factory=Counter)
     quality: dict[str, Any] | None = None
     backend: dict[str, Any] | None = None  # the Ray runner's workers, splits, re-queued and discarded attempts
@@ -86,6 +88,8 @@ class RunStats:
             self.rows_failed += failed
             self.shards_committed += shards
             self.timeline.append((round(time.perf_counter() - self.started, 3), self.rows_out))
+            if self.first_commit_s is None and self.rows_out:
+                self.first_commit_s = self.timeline[-1][0]
             if len(self.timeline) > TIMELINE_POINTS:  # keep it bounded: every other point, the last one kept
                 self.timeline = self.timeline[-1::-2][::-1]
 
@@ -145,6 +149,14 @@ class RunStats:
         """A remote Batch API's batches by status ("2 in_progress, 1 completed"; "" for a local model)."""
         return ", ".join(f"{n} {status}" for status, n in sorted(self.remote_batches.items()))
 
+    def _setup_split(self) -> dict[str, float | None]:
+        """Where the set-up went: planning and the rest (``plan_s``), the model's set-up (export,
+        int8 build, load: ``model_s``), the quality gate (``gate_s``); and seconds from the start
+        to the first committed row (``first_commit_s``)."""
+        parts = {k: round(v, 3) for k, v in self.setup_split.items()}
+        plan = max(self.wall_s - self.run_s - sum(self.setup_split.values()), 0.0)
+        return {"plan_s": round(plan, 3), **parts, "first_commit_s": self.first_commit_s}
+
     def mark_running(self) -> None:
         """The model is set up: throughput is measured from here."""
         self.running_since = time.perf_counter()
@@ -184,6 +196,7 @@ class RunStats:
             },
             "wall_s": round(self.wall_s, 3),
             "setup_s": round(self.wall_s - self.run_s, 3),
+            **({"setup_split": self._setup_split()} if self.setup_split else {}),
             "run_s": round(wall, 3),
             "rows_per_s": round(self.rows_out / wall, 2),
             "time_s": {k: round(v, 3) for k, v in self.stage_s.items()},

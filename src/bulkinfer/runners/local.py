@@ -83,9 +83,12 @@ class LocalRunner:
     # -- the runner contract -------------------------------------------------------
     def start(self, gate: Gate) -> None:
         """Set the model up in this process, then run the quality gate."""
+        t0 = time.perf_counter()
         self.adapter.setup(job_setup_context(self.cfg))
+        t1 = time.perf_counter()
         self.reuse.load_previous()
         gate()
+        self.stats.setup_split = {"model_s": t1 - t0, "gate_s": time.perf_counter() - t1}
         self.stats.mark_running()
 
     @property
