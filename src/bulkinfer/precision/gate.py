@@ -15,14 +15,18 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from .._version import __version__
 from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, predict_table, to_numpy_column
 from ..core.errors import QualityGateError
+from ..core.hardware import int8_scheme, isa_key
+from ..engines import default_cache_dir
 from ..sources import ROW, Shard, read_shard
 
 if TYPE_CHECKING:
@@ -198,12 +202,6 @@ def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards:
     model, the precision and engine as built (int8 blocks kept in fp32 included), the floor, the
     machine kind, the libraries' versions and the gate's sample rows themselves, so a rerun over
     the same data into a new output starts at once and anything else is gated again."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .._version import __version__
-    from ..core.hardware import isa_key
-    from ..engines import default_cache_dir
-
     rt = cfg.runtime
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
     out = pa.BufferOutputStream()
@@ -298,10 +296,6 @@ def partial_int8(
     """Full int8 failed the gate: keep the fewest most-sensitive groups in fp32 that pass it
     (:mod:`bulkinfer.engines.int8`), reload ``adapter`` with them, cache the choice; or raise
     with every build tried when only fp32 would pass."""
-    import time
-
-    from ..core.hardware import int8_scheme
-    from ..engines import default_cache_dir
     from ..engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
 
     rt = cfg.runtime
