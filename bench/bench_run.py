@@ -147,10 +147,14 @@ def main() -> None:
     for name, rep in reports.items():
         q = rep.get("quality")
         gate = f" quality={json.dumps({k: q[k] for k in ('mean_cosine', 'min_cosine', 'top10_overlap')})}" if q else ""
+        split = rep.get("setup_split")  # where the set-up went (plan, model, gate) and the first commit
+        # rows/s above is over run_s (after set-up); with the set-up counted, the job's own wall
+        whole = f" rows/s with set-up={rep['rows_out'] / rep['wall_s']:.1f}" if rep.get("wall_s") else ""
         print(
             f"  {name}: ran {rep['engine']} {rep['precision']}, time share {json.dumps(rep['time_share'])}"
             f" wait_for_input_s={rep['wait_for_input_s']}"
             f" run_s={rep['run_s']} padding_ratio={rep['batches']['padding_ratio']}{gate}"
+            f" setup_s={rep['setup_s']}{f' setup_split={json.dumps(split)}' if split else ''}{whole}"
         )
 
 
