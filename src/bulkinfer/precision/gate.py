@@ -177,14 +177,19 @@ def job_quality_gate(
         return cached
     t0 = time.perf_counter()
     # a gate run here is kept for this machine kind; one on a cluster's worker is not (its kind is not known here)
-    verdict = verdict_path(cfg, adapter, model, shards) if figures_of is None else None
+    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows) if figures_of is None else None
+    verdict = verdict_path(cfg, adapter, model, sample) if sample is not None else None
     built_with = sorted(getattr(adapter, "int8_fp32_groups", None) or [])
     figures = _read_verdict(verdict) if verdict is not None else None
     if figures is not None and verdict is not None:
         log.info("quality gate: passed on this machine kind for the same model, settings and sample rows (%s)",
                  verdict.name)  # fmt: skip
-    else:
-        figures = (figures_of or gate_figures)(cfg, adapter, model, shards)
+    else:  # the rows taken for the key are the gate's (read once)
+        figures = (
+            sample_figures(cfg, adapter, model, sample)
+            if sample is not None
+            else (figures_of or gate_figures)(cfg, adapter, model, shards)
+        )
         if (
             verdict is not None
             and figures.get("passed")
@@ -197,13 +202,12 @@ def job_quality_gate(
     return figures
 
 
-def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> Path:
+def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample: pa.Table) -> Path:
     """Where a passed gate's figures are kept for every output on this machine kind: keyed by the
     model, the precision and engine as built (int8 blocks kept in fp32 included), the floor, the
     machine kind, the libraries' versions and the gate's sample rows themselves, so a rerun over
     the same data into a new output starts at once and anything else is gated again."""
     rt = cfg.runtime
-    sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows)
     out = pa.BufferOutputStream()
     with pa.ipc.new_stream(out, sample.schema) as writer:
         writer.write_table(sample)

@@ -199,9 +199,13 @@ def _record_ends_quoted(fh: Any, uri: str, strict: bool = True) -> Iterator[tupl
     def lines() -> Iterator[str]:
         nonlocal pos
         for line in fh:
-            check_utf8(line, pos, uri)
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                check_utf8(line, pos, uri)  # raises, naming the byte
+                raise
             pos += len(line)
-            yield line.decode("utf-8")
+            yield text
 
     ends: list[int] = []
     sizes: list[int] = []
