@@ -29,7 +29,7 @@ ADAPTER = textwrap.dedent("""
     import pyarrow.compute as pc
 
     def slow_double(table):
-        time.sleep(0.02 * table.num_rows)
+        time.sleep(0.01 * table.num_rows)
         return {"y": pc.multiply(table["x"], 2)}
 """)
 
@@ -121,7 +121,7 @@ def test_every_worker_node_gone_stops_with_one_line_instead_of_hanging(tmp_path,
     """No node left that fits a worker (a replacement would wait forever): after
     worker_timeout_s the driver stops with one line; what was committed stays, and a
     rerun once nodes are back finishes exactly once."""
-    args = [*_job(tmp_path), "--set", "execution.worker_timeout_s=5"]
+    args = [*_job(tmp_path), "--set", "execution.worker_timeout_s=3"]
     proc = _start(args, tmp_path, cluster.address)
     wait_commits(tmp_path / "out", 1, proc)
     try:
@@ -132,7 +132,7 @@ def test_every_worker_node_gone_stops_with_one_line_instead_of_hanging(tmp_path,
         (line,) = [x for x in stderr.splitlines() if x.startswith("bulkinfer: error:")]
         assert line == (
             "bulkinfer: error: every Ray worker is gone and no node of the cluster fits a new one (largest node: "
-            "0 CPUs, 0 GPUs; waited execution.worker_timeout_s=5 s for one to join); rerun when the cluster has "
+            "0 CPUs, 0 GPUs; waited execution.worker_timeout_s=3 s for one to join); rerun when the cluster has "
             "room (committed shards are kept)"
         )
         committed = (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().count("\n")
@@ -171,7 +171,7 @@ def test_sigterm_commits_what_workers_read_then_exits_75(tmp_path, cluster):
     args = [*_job(tmp_path), "--shard-rows", "150", *small_windows]
     proc = _start(args, tmp_path, cluster.address)
     wait_commits(tmp_path / "out", 1, proc)
-    time.sleep(1.5)  # the freed worker is halfway into its next shard (150 rows x 20 ms)
+    time.sleep(0.75)  # the freed worker is halfway into its next shard (150 rows x 10 ms)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stderr

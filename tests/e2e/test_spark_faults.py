@@ -25,7 +25,7 @@ MODEL = textwrap.dedent("""
     import pyarrow.compute as pc
 
     def slow_double(table):
-        time.sleep(0.02 * table.num_rows)
+        time.sleep(0.01 * table.num_rows)
         return {"y": pc.multiply(table["x"], 2)}
 """)
 
