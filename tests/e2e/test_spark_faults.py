@@ -77,7 +77,7 @@ def test_sigterm_then_sigkill_then_resume_every_row_once(tmp_path):
     after_term = Ledger(out).commits()
     stopped = json.loads((out / "_bulkinfer" / "report.json").read_text())  # a stopped run reports too
     assert stopped["backend"]["name"] == "spark" and stopped["backend"]["master"] == "local[2]"
-    assert stopped["backend"]["tasks"] == len(after_term)
+    assert stopped["backend"]["shards"] == len(after_term) >= stopped["backend"]["tasks"]
     assert 2 <= len(after_term) < ROWS // 25
 
     second = _start(tmp_path)

@@ -153,10 +153,13 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module)
     runner = RayRunner(cfg, build_adapter(cfg, resolve_model(cfg)), stats, threading.Event())
     slots = [runner._start_worker() for _ in range(2)]
     assert [local_ray.get(s.ready)["error"] for s in slots] == [None, None]
-    refs = [s.actor.process.remote(shards[0], None, f"attempt{i}", committer.stamp) for i, s in enumerate(slots)]
-    results = local_ray.get(refs)
+    refs = [s.actor.process.remote([shards[0]], [None], f"attempt{i}", committer.stamp) for i, s in enumerate(slots)]
+    answers = local_ray.get(refs)
+    assert [(len(a["results"]), a["error"]) for a in answers] == [(1, None), (1, None)]
     assert len(list(out.glob(".part-00000.parquet.tmp-attempt*"))) == 2  # both staged, neither visible
-    runner._accept(committer, results)  # back together: one group, where only the first may commit
+    runner._accept(
+        committer, [a["results"][0] for a in answers]
+    )  # back together: one group, where only the first may commit
     assert runner.counts["discarded"] == 1
     assert [(c.shard, c.start, c.stop, c.rows) for c in ledger.commits()] == [(0, 0, 200, 200)]
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["part-00000.parquet"]
@@ -494,3 +497,22 @@ def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worke
     with pytest.raises(ConfigError, match=r"execution.num_cpus=64, num_gpus=0: no node of the Ray cluster fits one"):
         run("too-big", cpus=64)
     assert not (tmp_path / "too-big").exists()
+
+
+def test_fast_shards_go_several_to_a_call_and_each_commits_once(tmp_path, local_ray, user_module):
+    """300 one-row shards that take no model time: after the first calls (one shard each, nothing
+    measured yet) the driver hands each worker several per call; every shard is committed once,
+    with its own part, and the workers' figures are counted once."""
+    t = pa.table({"id": np.arange(300), "x": np.arange(300), "slow": np.zeros(300, dtype=np.int64)})
+    write(t, tmp_path / "in.parquet")
+    cfg = _cfg(tmp_path / "out", [tmp_path / "in.parquet"], **{
+        "model.name": f"{user_module}:slow_on_flag", "model.feature_columns": ["x", "slow"],
+        "source.shard_rows": 1, "execution.backend": "ray", "execution.workers": 2})  # fmt: skip
+    result = run_job(cfg)
+    backend = result.report["backend"]
+    assert backend["calls"] <= 100  # 300 shards in at most a third as many calls
+    commits = Ledger(tmp_path / "out").commits()
+    assert sorted((c.start, c.stop) for c in commits) == [(i, i + 1) for i in range(300)]
+    assert len(_success(tmp_path / "out")["files"]) == 300
+    assert read_output(tmp_path / "out").sort_by("id")["y"].to_pylist() == [2 * i for i in range(300)]
+    assert result.report["rows_out"] == 300 and result.report["reuse"]["rows_inferred"] == 300

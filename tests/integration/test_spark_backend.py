@@ -164,3 +164,18 @@ def test_spark_settings_that_cannot_hold_are_refused(tmp_path, spark, user_modul
             run_job(_cfg(tmp_path / key, [path], **common, **{key: value}))
     with pytest.raises(ConfigError, match="gives each task 1"):
         run_job(_cfg(tmp_path / "cpus", [path], **common, **{"execution.num_cpus": 2}))
+
+
+def test_fast_shards_go_several_to_a_task_and_each_commits_once(tmp_path, spark, user_module):
+    """200 one-row shards that take no model time: a Spark job's scheduling (tens of ms) would be
+    most of each; after the first tasks the driver hands each task several shards."""
+    cfg = _cfg(tmp_path / "out", [_counts(tmp_path, 200)], **{
+        "model.name": f"{user_module}:double", "model.feature_columns": ["x"], "source.shard_rows": 1,
+        "execution.backend": "spark"})  # fmt: skip
+    result = run_job(cfg)
+    backend = result.report["backend"]
+    assert backend["shards"] == 200 and backend["tasks"] <= 50
+    got = read_output(tmp_path / "out").sort_by("id")
+    assert got["id"].to_pylist() == list(range(200)) and got["y"].to_pylist() == [2 * i for i in range(200)]
+    assert len(json.loads((tmp_path / "out" / "_SUCCESS").read_text())["files"]) == 200
+    assert result.report["rows_out"] == 200 and result.report["reuse"]["rows_inferred"] == 200

@@ -160,13 +160,14 @@ def run(
         b = r["backend"]
         if b["name"] == "spark":
             typer.echo(
-                f"spark: {b['master']}, {b['slots']} task slot(s), {b['tasks']} shard task(s), "
+                f"spark: {b['master']}, {b['slots']} task slot(s), {b['shards']} shard(s) in {b['tasks']} task(s), "
                 f"{b['task_retries']} task retr{'y' if b['task_retries'] == 1 else 'ies'}, {b['cancelled']} cancelled"
             )
         else:
             typer.echo(
-                f"ray: {b['workers']} worker(s), {b['splits']} straggler split(s), {b['requeued']} shard(s) "
-                f"re-queued, {b['discarded']} duplicate attempt(s) discarded, {b['workers_lost']} worker(s) lost"
+                f"ray: {b['workers']} worker(s), {b['calls']} call(s), {b['splits']} straggler split(s), "
+                f"{b['requeued']} shard(s) re-queued, {b['discarded']} duplicate attempt(s) discarded, "
+                f"{b['workers_lost']} worker(s) lost"
             )
     if r["cost"]["per_million_rows"] is not None and r["cost"]["instance_price_per_hour"]:
         typer.echo(f"cost: {r['cost']['per_million_rows']:.4f} {r['cost']['currency']} per million rows")

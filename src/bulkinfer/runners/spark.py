@@ -33,6 +33,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..adapters import Adapter, job_setup_context
@@ -45,6 +46,7 @@ from ..sinks import make_sink
 from ..sources import Shard
 from ..spark.session import spark_session
 from .base import Committing, Gate
+from .grouping import Grouper
 from .worker import Worker
 
 __all__ = ["SparkRunner", "run_task", "warm_task"]
@@ -58,8 +60,10 @@ _WORKER: dict[str, Worker] = {}
 
 
 def run_task(payload: dict[str, Any]) -> dict[str, Any]:
-    """One shard in a Spark task: the job's worker (set up on the first task this process gets),
-    the shard through it; a ``BulkinferError`` is answered, not raised (retrying cannot help)."""
+    """One group of shards in a Spark task (one shard, or several when they are fast): the job's
+    worker (set up on the first task this process gets), the shards through it. A
+    ``BulkinferError`` is answered, not raised (retrying cannot help), with the shards finished
+    before it."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -67,10 +71,10 @@ def run_task(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         worker = _job_worker(payload["cfg"], payload["cwd"], payload["paths"])
         tag = f"{payload['tag']}-{ctx.taskAttemptId() if ctx is not None else os.getpid()}"
-        result = worker.process(payload["shard"], payload["name_start"], tag, payload["stamp"])
+        answer = worker.process(payload["shards"], payload["name_starts"], tag, payload["stamp"])
     except BulkinferError as exc:
-        return {"error": exc}
-    return {**result, "attempt": attempt}
+        return {"results": [], "error": exc, "attempt": attempt}
+    return {**answer, "attempt": attempt}
 
 
 def warm_task(payload: dict[str, Any]) -> Any:
@@ -119,8 +123,9 @@ class SparkRunner:
         self.session: Any = None
         self.started_here = False
         self.group = f"bulkinfer-{uuid.uuid4().hex[:12]}"
-        self.counts = {"tasks": 0, "task_retries": 0, "cancelled": 0}
+        self.counts = {"tasks": 0, "shards": 0, "task_retries": 0, "cancelled": 0}
         self.slots = 0
+        self.grouper = Grouper()
 
     def start(self, gate: Gate) -> None:
         """The quality gate (a lowered precision only) with this process's model, then the session."""
@@ -170,7 +175,7 @@ class SparkRunner:
         }
         self._warm(common)
         todo = deque(shards)
-        running: dict[Future[dict[str, Any]], Shard] = {}
+        running: dict[Future[dict[str, Any]], _Task] = {}
         self.stats.mark_running()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="bulkinfer-spark") as pool:
             try:
@@ -179,9 +184,10 @@ class SparkRunner:
                         self._wind_down(running, commit)
                         return
                     while todo and len(running) < self.slots:
-                        shard = todo.popleft()
-                        payload = {**common, "shard": shard, "name_start": commit.name_start(shard)}
-                        running[pool.submit(self._job, payload)] = shard
+                        size = self.grouper.size(len(todo), self.slots)
+                        group = [todo.popleft() for _ in range(min(size, len(todo)))]
+                        payload = {**common, "shards": group, "name_starts": [commit.name_start(x) for x in group]}
+                        running[pool.submit(self._job, payload)] = _Task(group)
                     done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
                     for future in done:
                         self._accept(commit, running.pop(future), future)
@@ -204,43 +210,66 @@ class SparkRunner:
         log.info("spark: the model is set up in %d Python worker(s)", len(set(got)))
 
     def _job(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """One shard as a one-task Spark job (from a driver thread: jobs run side by side)."""
+        """One group of shards as a one-task Spark job (from a driver thread: jobs run side by side)."""
         sc = self.session.sparkContext
-        sc.setJobGroup(self.group, f"bulkinfer shard {payload['shard'].index}", interruptOnCancel=True)
+        first, n = payload["shards"][0], len(payload["shards"])
+        what = f"bulkinfer shard {first.index}" + (f" and {n - 1} more" if n > 1 else "")
+        sc.setJobGroup(self.group, what, interruptOnCancel=True)
         payload["tag"] = uuid.uuid4().hex[:12]
         result: dict[str, Any] = sc.parallelize([payload], 1).map(run_task).collect()[0]
         return result
 
-    def _accept(self, commit: Committing, shard: Shard, future: Future[dict[str, Any]]) -> None:
+    def _accept(self, commit: Committing, task: _Task, future: Future[dict[str, Any]]) -> None:
+        """Commit a task's shards (together when the job allows); then raise what stopped it, if anything."""
         try:
-            result = future.result()
+            answer = future.result()
         except Exception as exc:
-            raise ModelError(
-                f"{shard.uri}: rows {shard.start}..{shard.stop} failed on Spark{_retries(self)}: {_cause(exc)}"
-            ) from None
-        if "error" in result:
-            raise result["error"]
+            shard = task.shards[0]
+            rows = f"rows {shard.start}..{shard.stop}" + (
+                f" (and {len(task.shards) - 1} more shards)" if len(task.shards) > 1 else ""
+            )
+            raise ModelError(f"{shard.uri}: {rows} failed on Spark{_retries(self)}: {_cause(exc)}") from None
+        results = answer["results"]
         self.counts["tasks"] += 1
-        self.counts["task_retries"] += result["attempt"]
-        commit.publish(result["staged"], result["table"], result["routed"])
-        self.stats.merge(result["figures"])
+        self.counts["shards"] += len(results)
+        self.counts["task_retries"] += answer["attempt"]
+        if commit.groups and len(results) > 1:
+            commit.publish_many([r["staged"] for r in results])
+        else:
+            for r in results:
+                commit.publish(r["staged"], r["table"], r["routed"])
+        for r in results:
+            if r["figures"] is not None:  # a task's, on its last result
+                self.stats.merge(r["figures"])
+        if answer["error"] is not None:
+            raise answer["error"]
+        self.grouper.observe(time.monotonic() - task.sent, len(task.shards))
 
-    def _wind_down(self, running: dict[Future[dict[str, Any]], Shard], commit: Committing) -> None:
+    def _wind_down(self, running: dict[Future[dict[str, Any]], _Task], commit: Committing) -> None:
         """On stop: the shards running get a grace period to finish and be committed; the rest are
         cancelled (their rows run again on resume)."""
         deadline = time.monotonic() + _STOP_GRACE_S
         while running and time.monotonic() < deadline:
             done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in done:
-                shard = running.pop(future)
+                task = running.pop(future)
                 try:
-                    self._accept(commit, shard, future)
+                    self._accept(commit, task, future)
                 except ModelError as exc:
                     log.warning("%s", exc)
         if running:
-            self.counts["cancelled"] += len(running)
-            log.warning("stop: %d running shard(s) cancelled; they run again on resume", len(running))
+            cancelled = sum(len(task.shards) for task in running.values())
+            self.counts["cancelled"] += cancelled
+            log.warning("stop: %d running shard(s) cancelled; they run again on resume", cancelled)
             self.session.sparkContext.cancelJobGroup(self.group)
+
+
+@dataclass(eq=False)
+class _Task:
+    """A group of shards handed to one Spark task, and when."""
+
+    shards: list[Shard]
+    sent: float = field(default_factory=time.monotonic)
 
 
 def _retries(runner: SparkRunner) -> str:

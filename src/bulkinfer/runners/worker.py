@@ -10,20 +10,18 @@ import socket
 import threading
 from typing import Any
 
-import pyarrow as pa
-
 from ..adapters import job_setup_context
 from ..adapters.custom import add_import_paths
 from ..commit.committer import PartStamp, stage_routed
 from ..commit.routing import compile_routes
 from ..config import JobConfig
-from ..core.errors import BulkinferError
-from ..core.records import redact
+from ..core.errors import BulkinferError, ModelError
+from ..core.records import ShardOutput, redact
 from ..core.storage import use_storage_options
 from ..precision.gate import gate_figures
 from ..precision.settle import settle
 from ..report import RunStats
-from ..sinks import StagedOutput, make_sink
+from ..sinks import make_sink
 from ..sources import Shard
 from .local import LocalRunner
 from .reuse import WindowReuse
@@ -79,25 +77,42 @@ class Worker:
         except BulkinferError as exc:
             return exc
 
-    def process(self, shard: Shard, name_start: int | None, tag: str, stamp: PartStamp) -> dict[str, Any]:
+    def process(self, shards: list[Shard], name_starts: list[int | None], tag: str, stamp: PartStamp) -> dict[str, Any]:
+        """Run ``shards`` through one local runner (a call of several when shards are fast:
+        :mod:`bulkinfer.runners.grouping`), each staged for the driver to commit as it finishes.
+        Answers ``results`` (one per shard finished, in order; the last carries the call's
+        figures) and ``error``: what stopped the call, on the shard after the last result; what
+        finished before it is answered all the same."""
         if self.error is not None:
             raise self.error
+        names = {(s.index, s.start): n for s, n in zip(shards, name_starts, strict=True)}
         stats = RunStats()
         runner = LocalRunner(self.cfg, self.adapter, stats, threading.Event())
         runner.reuse, runner.assembler = self.reuse, self.assembler
         self.reuse.load_previous()
-        done: list[tuple[StagedOutput, pa.Table, dict[str, pa.Table]]] = []
+        results: list[dict[str, Any]] = []
+        export = bool(self.cfg.export)  # export and route targets are written by the driver
+
+        def staged(out: ShardOutput) -> None:
+            name_start = names[(out.shard.index, out.shard.start)]
+            part, table, routed = stage_routed(self.sink, self.routes, out, name_start, tag, stamp=stamp)
+            results.append({"staged": part, "table": table if export else None, "routed": routed, "figures": None})
+
+        error: BulkinferError | None = None
         self.runner = runner
         try:
-            runner.run(
-                [shard],
-                lambda out: done.append(stage_routed(self.sink, self.routes, out, name_start, tag, stamp=stamp)),
-            )
+            runner.run(shards, staged)
+        except BulkinferError as exc:
+            error = exc
+        except Exception as exc:  # the adapter's own: named with the rows it failed on
+            shard = shards[min(len(results), len(shards) - 1)]
+            where = f"{shard.uri}: a worker failed on rows {shard.start}..{shard.stop}"
+            error = ModelError(f"{where}: {type(exc).__name__}: {exc}")
         finally:
             self.runner = None
-        staged, table, routed = done[0]
-        table = table if self.cfg.export else None  # export and route targets are written by the driver
-        return {"staged": staged, "table": table, "routed": routed, "figures": stats.worker_figures()}
+        if results:
+            results[-1]["figures"] = stats.worker_figures()
+        return {"results": results, "error": error}
 
     def progress(self) -> dict[int, int]:
         runner = self.runner

@@ -1,6 +1,7 @@
-"""The driver's side of a Ray job: a queue of shards handed to worker actors one at a time,
-heartbeats, straggler splits, replacement of lost workers, and the commit of each staged part
-by this process alone (see the package's docstring)."""
+"""The driver's side of a Ray job: a queue of shards handed to worker actors (one call at a
+time each, of one shard or, when shards are fast, several: :mod:`..grouping`), heartbeats,
+straggler splits, replacement of lost workers, and the commit of each staged part by this
+process alone (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
 from ..base import Committing, Gate
+from ..grouping import Grouper
 from ..worker import Worker
 from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit
 
@@ -50,11 +52,17 @@ class _Slot:
 
 @dataclass(eq=False)
 class _Attempt:
-    shard: Shard  # the rows this attempt still owns (a split moves ``stop``)
+    shards: list[Shard]  # the rows this attempt still owns (a split moves the last one's ``stop``)
     slot: _Slot
     ref: Any
-    next_read: int
+    next_read: int  # of a one-shard attempt (only those are split)
+    sent: float = field(default_factory=time.monotonic)
     abandoned: bool = False  # re-queued after its worker was presumed dead
+
+    @property
+    def shard(self) -> Shard:
+        """The shard being worked on when the attempt has one (the last, of a group)."""
+        return self.shards[-1]
 
 
 class RayRunner:
@@ -76,8 +84,9 @@ class RayRunner:
         self.attempts: dict[Any, _Attempt] = {}
         self.driver_cpu_s = 0.0
         self.covered: dict[int, list[tuple[int, int]]] = {}
+        self.grouper = Grouper()
         self.rows_left = 0
-        self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0}
+        self.counts = {"splits": 0, "requeued": 0, "discarded": 0, "workers_lost": 0, "workers_started": 0, "calls": 0}
         self._n = 0
         self._actor_class: Any = None
         self.target = 0
@@ -221,18 +230,24 @@ class RayRunner:
 
     def _assign(self, commit: Committing) -> None:
         for slot in self.slots:
-            if not self.todo:
-                return
-            if slot.ready is None and slot.attempt is None and not slot.suspect:
+            if slot.ready is not None or slot.attempt is not None or slot.suspect:
+                continue
+            group: list[Shard] = []
+            size = self.grouper.size(len(self.todo), len(self.slots))
+            while self.todo and len(group) < size:
                 shard = self.todo.popleft()
-                if self._is_covered(shard):
-                    continue
-                tag = uuid.uuid4().hex[:12]  # names the attempt's temp files
-                ref = slot.actor.process.remote(shard, commit.name_start(shard), tag, commit.stamp)
-                attempt = _Attempt(shard, slot, ref, shard.start)
-                slot.attempt = attempt
-                slot.last_seen = time.monotonic()
-                self.attempts[ref] = attempt
+                if not self._is_covered(shard):
+                    group.append(shard)
+            if not group:
+                return
+            tag = uuid.uuid4().hex[:12]  # names the attempt's temp files
+            starts = [commit.name_start(s) for s in group]
+            ref = slot.actor.process.remote(group, starts, tag, commit.stamp)
+            attempt = _Attempt(group, slot, ref, group[-1].start)
+            slot.attempt = attempt
+            slot.last_seen = attempt.sent
+            self.attempts[ref] = attempt
+            self.counts["calls"] += 1
 
     def _collect(self, commit: Committing, timeout: float) -> None:
         refs = list(self.attempts)
@@ -250,7 +265,7 @@ class RayRunner:
                 continue
             slot = attempt.slot
             try:
-                result = self.ray.get(ref)
+                answer = self.ray.get(ref)
             except self.ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
                 where = f"{attempt.shard.uri}: a worker failed on rows {_rows(attempt.shard)}"
@@ -261,9 +276,14 @@ class RayRunner:
                 continue
             if slot.attempt is attempt:
                 slot.attempt = None
+            now = time.monotonic()
             slot.suspect = False
-            slot.last_seen = time.monotonic()
-            results.append(result)
+            slot.last_seen = now
+            results.extend(answer["results"])
+            if answer["error"] is not None:
+                failure = answer["error"]
+                break
+            self.grouper.observe(now - attempt.sent, len(attempt.shards))
         self._accept(commit, results)  # what came back whole before a failure is committed all the same
         if failure is not None:
             raise failure from None
@@ -295,7 +315,8 @@ class RayRunner:
             shard = r["staged"].shard
             self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
             self.rows_left -= shard.num_rows
-            self.stats.merge(r["figures"])
+            if r["figures"] is not None:  # a call's, on its last result
+                self.stats.merge(r["figures"])
 
     def _is_covered(self, shard: Shard) -> bool:
         """Whether any row of ``shard`` was already committed (by another attempt)."""
@@ -306,12 +327,13 @@ class RayRunner:
         if attempt.abandoned:
             return
         attempt.abandoned = True
-        if not self._is_covered(attempt.shard):
-            self.todo.appendleft(attempt.shard)
-            self.counts["requeued"] += 1
-            log.warning(
-                "%s %s; rows %s of %s re-queued", attempt.slot.name, why, _rows(attempt.shard), attempt.shard.uri
-            )
+        back = [s for s in attempt.shards if not self._is_covered(s)]
+        self.todo.extendleft(reversed(back))  # first in the queue, in their order
+        self.counts["requeued"] += len(back)
+        if len(back) == 1:
+            log.warning("%s %s; rows %s of %s re-queued", attempt.slot.name, why, _rows(back[0]), back[0].uri)
+        elif back:
+            log.warning("%s %s; its %d shards re-queued (%s ...)", attempt.slot.name, why, len(back), back[0].uri)
 
     def _lost(self, slot: _Slot, why: str) -> None:
         if slot not in self.slots:
@@ -340,7 +362,11 @@ class RayRunner:
                         continue
                     slot.probe = None
                     slot.last_seen = now
-                    if slot.attempt is not None and slot.attempt.shard.index in answer:
+                    if (
+                        slot.attempt is not None
+                        and len(slot.attempt.shards) == 1
+                        and slot.attempt.shard.index in answer
+                    ):
                         slot.attempt.next_read = answer[slot.attempt.shard.index]
                 elif now - slot.last_seen > self.ex.worker_timeout_s and not slot.suspect:
                     slot.suspect = True
@@ -384,7 +410,7 @@ class RayRunner:
         idle = [s for s in self.slots if s.ready is None and s.attempt is None and not s.suspect]
         if not idle:
             return
-        running = [a for a in self.attempts.values() if not a.abandoned and not a.slot.suspect]
+        running = [a for a in self.attempts.values() if len(a.shards) == 1 and not a.abandoned and not a.slot.suspect]
         running.sort(key=lambda a: a.shard.stop - a.next_read, reverse=True)
         for attempt in running[: len(idle)]:
             left = attempt.shard.stop - attempt.next_read
@@ -399,7 +425,7 @@ class RayRunner:
                     attempt.shard.stop,
                     attempt.shard.index,
                 )
-                attempt.shard = replace(attempt.shard, stop=at)
+                attempt.shards = [replace(attempt.shard, stop=at)]
                 self.counts["splits"] += 1
 
     def _ask_split(self, attempt: _Attempt, at: int) -> int | None:
@@ -413,10 +439,10 @@ class RayRunner:
     def _wind_down(self, commit: Committing) -> None:
         """On stop: each running shard ends at the rows already read; commit those, then return."""
         for attempt in list(self.attempts.values()):
-            if not attempt.abandoned:
+            if not attempt.abandoned and len(attempt.shards) == 1:  # a group of fast shards runs to its end
                 at = self._ask_split(attempt, attempt.next_read)
                 if at is not None:
-                    attempt.shard = replace(attempt.shard, stop=at)
+                    attempt.shards = [replace(attempt.shard, stop=at)]
         deadline = time.monotonic() + _STOP_GRACE_S
         while any(not a.abandoned for a in self.attempts.values()) and time.monotonic() < deadline:
             self._collect(commit, timeout=0.5)

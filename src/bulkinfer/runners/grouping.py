@@ -1,0 +1,49 @@
+"""How many shards a cluster backend hands one worker in one call.
+
+A call has a fixed cost on the driver (a Ray task's round trip and bookkeeping, about a
+millisecond of the driver's CPU; a Spark job's scheduling, tens of milliseconds). With
+shards of seconds each it is nothing; with shards of a few milliseconds it is what limits the
+job. So a call takes several shards when they are fast: as many as fill about
+:data:`CALL_S` of a worker's time, as measured on the calls so far, never more than
+:data:`MOST`, and never more than half a worker's share of the shards still waiting (the
+queue's tail is shared out, not taken by the first worker to ask). The first calls take one
+shard each: nothing is measured yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CALL_S", "MOST", "Grouper"]
+
+CALL_S = 0.5
+"""A call's target length in seconds: its fixed cost is small beside it, and a worker lost
+mid-call costs at most this much work twice."""
+
+MOST = 64
+"""The most shards in one call."""
+
+
+@dataclass
+class Grouper:
+    """The group size for the next call, from the seconds per shard the calls so far took."""
+
+    call_s: float = CALL_S
+    most: int = MOST
+    shard_s: float | None = None
+    """Seconds per shard, a moving average over calls (the round trip included)."""
+
+    def observe(self, seconds: float, shards: int) -> None:
+        """A call of ``shards`` shards took ``seconds`` from hand-off to its answer."""
+        if shards < 1 or seconds < 0:
+            return
+        per = seconds / shards
+        self.shard_s = per if self.shard_s is None else 0.7 * self.shard_s + 0.3 * per
+
+    def size(self, waiting: int, workers: int) -> int:
+        """How many of the ``waiting`` shards the next call takes, with ``workers`` sharing them."""
+        if self.shard_s is None or waiting < 1:
+            return 1
+        share = waiting // (2 * max(1, workers))
+        fill = int(self.call_s / max(self.shard_s, 1e-9))
+        return max(1, min(fill, share, self.most))
