@@ -101,12 +101,14 @@ def measure(n: int, per_shard: int, work: Path) -> dict[str, float]:
     figures = {
         "shards": n, "run_s": run_s, "setup_s": report["setup_s"], "per_shard_ms": report["run_s"] / n * 1000,
         "resume_s": resume_s, "resume_setup_s": resumed["setup_s"], "inspect_s": inspect_s,
-        "peak_mib": max(rss, resume_rss) / 1024, "state_bytes": sum(sizes.values()),
+        "peak_mib": max(rss, resume_rss) / 1024, "run_mib": rss / 1024, "resume_mib": resume_rss / 1024,
+        "state_bytes": sum(sizes.values()),
     }  # fmt: skip
     print(
         f"{n:>9,} shards: run {run_s:7.1f} s (set-up {report['setup_s']:.1f} s, {figures['per_shard_ms']:.2f} ms "
         f"a shard = {n / report['run_s']:,.0f} shards/s), resume after a kill at half {resume_s:6.1f} s (set-up "
-        f"{resumed['setup_s']:.1f} s), inspect {inspect_s:5.1f} s, peak {figures['peak_mib']:6.0f} MiB; state: "
+        f"{resumed['setup_s']:.1f} s), inspect {inspect_s:5.1f} s, peak {figures['peak_mib']:6.0f} MiB (run "
+        f"{figures['run_mib']:.0f}, resume {figures['resume_mib']:.0f}); state: "
         + ", ".join(f"{k} {v / 1024:,.0f} KiB" for k, v in sizes.items()),
         flush=True,
     )

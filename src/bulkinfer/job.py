@@ -133,7 +133,7 @@ def _run_job(
         plan = ledger.begin(draft, job.cfg.execution.overwrite)
         lineage = Lineage(job.cfg, plan, job.model, str(sink.out_dir))
         lineage.start()
-        stats, committed = resume(job.cfg, ledger, plan)
+        stats, left = resume(job.cfg, ledger, plan)
         guard = CostGuard(job.cfg, stats, stop)
         exports, route_targets = make_exports(job.cfg), make_route_targets(job.cfg)
         every_target = exports + [t for ts in route_targets.values() for t in ts]
@@ -143,7 +143,7 @@ def _run_job(
             for target in every_target:  # a target that is down is one line before any inference
                 target.start(plan, job.cfg.passthrough_columns)
             done = execute(
-                job, plan, ledger, sink, stats, committed, stop, exports, route_targets,
+                job, plan, ledger, sink, stats, left, stop, exports, route_targets,
                 retry_errors=retry_errors,
                 on_commit=guard.check if on_commit is None else _both(guard.check, lambda: on_commit(stats)),
             )  # fmt: skip
@@ -197,7 +197,7 @@ def _run_job(
 def _bytes(ledger: OutputLedger) -> int:
     """The committed parts' bytes (0 when the ledger cannot be read: the report never hides the outcome)."""
     try:
-        return sum(c.bytes for c in ledger.commits())
+        return sum(c.bytes for c in ledger.iter_commits())
     except Exception:  # a report figure, not a decision
         return 0
 
@@ -234,7 +234,16 @@ def open_ledger(sink: Sink) -> OutputLedger:
     return Ledger(Path(sink.out_dir))
 
 
-def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStats, list[Any]]:
+@dataclass(frozen=True)
+class Left:
+    """What a resume leaves to run: the rows no commit covers, and the rows already failed (the
+    commit records themselves are not kept: a million of them while the job runs)."""
+
+    todo: list[Shard]
+    failed_rows: int
+
+
+def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStats, Left]:
     """What the output already holds: the commits in force (after ``--repair`` when asked),
     with files no commit vouches for removed, and the run's counters started from them."""
     if ledger.took_over_from:
@@ -272,7 +281,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         ledger.write_input_errors(plan.input_errors)
         for e in plan.input_errors:
             log.warning("skipped %s", e.message)
-    return stats, committed
+    return stats, Left(todo, failed_rows(committed))
 
 
 Pass = tuple[list[Shard], Committer | RetryCommitter, frozenset[int] | None]
@@ -285,7 +294,7 @@ def execute(
     ledger: OutputLedger,
     sink: Sink,
     stats: RunStats,
-    committed: list[Any],
+    left: Left,
     stop: threading.Event,
     exports: list[ExportTarget] | None = None,
     route_targets: dict[str, list[ExportTarget]] | None = None,
@@ -297,7 +306,7 @@ def execute(
     # every reader (local threads, Ray workers) converts to the plan's types
     src = job.cfg.source.model_copy(update={"column_types": plan.column_types or {}})
     cfg = job.cfg.model_copy(update={"source": src})
-    failed_before = failed_rows(committed) + len(plan.input_errors)
+    failed_before = left.failed_rows + len(plan.input_errors)
     exports, route_targets = exports or [], route_targets or {}
     routes = compile_routes(cfg)
     committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports)
@@ -305,7 +314,7 @@ def execute(
     committer.stamp = stamp = part_stamp(cfg, job.model, plan)
     backend = cfg.execution.backend
     if retry_errors:
-        units = retry_units(ledger, plan.shards, committed)
+        units = retry_units(ledger, plan.shards, ledger.commits())
         log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
         stats.rows_planned = stats.rows_already_done = 0
         passes: list[Pass] = [
@@ -332,8 +341,7 @@ def execute(
             f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
         )
     else:
-        todo = remaining_work(plan.shards, committed)
-        passes = [(todo, committer, None)] if todo else []
+        passes = [(left.todo, committer, None)] if left.todo else []
     if passes and stop.is_set():  # stopped while planning or starting: nothing is in flight
         raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
@@ -355,7 +363,7 @@ def execute(
                 stats.dedupe = getattr(runner, "dedupe", cfg.runtime.dedupe)
         finally:
             runner.close()
-    return not remaining_work(plan.shards, ledger.commits())
+    return not remaining_work(plan.shards, ledger.iter_commits())
 
 
 def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:

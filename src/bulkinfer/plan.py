@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,28 @@ _IDENTITY_FIELDS = {
 }
 
 
+class PlannedStarts(Mapping[int, int]):
+    """Shard index -> its planned first row, read from the list of shards: a shard numbered as
+    its place in the list is found there; any other lookup builds the full map once."""
+
+    def __init__(self, shards: Sequence[Shard]) -> None:
+        self._shards = shards
+        self._map: dict[int, int] | None = None
+
+    def __getitem__(self, index: int) -> int:
+        if 0 <= index < len(self._shards) and self._shards[index].index == index:
+            return self._shards[index].start
+        if self._map is None:
+            self._map = {s.index: s.start for s in self._shards}
+        return self._map[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return (s.index for s in self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Everything a run decided before reading a row; ``to_json`` / ``from_json`` is ``job.json``."""
@@ -83,9 +105,10 @@ class JobPlan:
         return sum(s.num_rows for s in self.shards)
 
     @property
-    def planned_starts(self) -> dict[int, int]:
-        """Each shard's first row as planned (a tail of it names its file by its own start)."""
-        return {s.index: s.start for s in self.shards}
+    def planned_starts(self) -> Mapping[int, int]:
+        """Each shard's first row as planned (a tail of it names its file by its own start),
+        looked up in the plan's list (shards are numbered in order), not copied into a dict."""
+        return PlannedStarts(self.shards)
 
     def to_json(self, shards: bool = True) -> dict[str, Any]:
         return {

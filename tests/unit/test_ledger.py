@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import zlib
@@ -139,3 +140,84 @@ def test_group_commits_are_read_back_in_order_and_a_torn_group_keeps_its_whole_l
         fh.write(lines[: cut % (len(lines) + 1)])
     whole = lines[: cut % (len(lines) + 1)].count(b"\n")
     assert led.commits() == records + torn[:whole]
+
+
+def _planned(sizes):
+    from bulkinfer.sources import Shard
+
+    shards, row = [], 0
+    for i, n in enumerate(sizes):
+        shards.append(Shard(i, "in.jsonl", "jsonl", row, row + n, offset=row * 10, end=(row + n) * 10, base=row))
+        row += n
+    return shards
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=25))
+def test_remaining_work_is_every_row_no_commit_covers_and_untouched_shards_are_themselves(data, sizes):
+    from bulkinfer.commit.committer import remaining_work
+
+    planned = _planned(sizes)
+    commits = []
+    for s in planned:  # each shard: some disjoint committed ranges, in any order
+        cuts = sorted(data.draw(st.sets(st.integers(s.start, s.stop), max_size=6)))
+        for a, b in itertools.pairwise(cuts):
+            if data.draw(st.booleans()):
+                commits.append(Commit.of(s.index, a, b, None))
+    commits = data.draw(st.permutations(commits))
+    todo = remaining_work(planned, iter(commits))  # folded as read
+    done = {r for c in commits for r in range(c.start, c.stop)}
+    left = [r for t in todo for r in range(t.start, t.stop)]
+    assert sorted(left) == sorted(set(range(planned[-1].stop)) - done) and len(left) == len(set(left))
+    touched = {c.shard for c in commits if c.stop > c.start}
+    for t in todo:
+        s = planned[t.index]
+        assert s.start <= t.start < t.stop <= s.stop and (t.uri, t.offset, t.end, t.base) == (
+            s.uri,
+            s.offset,
+            s.end,
+            s.base,
+        )
+        if t.index not in touched:
+            assert t is s  # not a copy: a million-shard job's todo is its plan's own shards
+
+
+def test_success_reads_the_log_twice_and_lists_files_in_shard_order_with_the_error_files_in_force(tmp_path):
+    """_SUCCESS from commits in shard order (a local run's log, never held) and out of it (a
+    cluster's): the same document, the files sorted, the superseded error file left out."""
+    from bulkinfer.commit.ledger import success_chunks
+
+    records = [
+        Commit.of(0, 0, 5, _part(0), errors=1, error_file="part-00000.jsonl"),
+        Commit.of(1, 5, 9, _part(1)),
+        Commit.of(1, 9, 12, _part(2), errors=2, error_file="part-00001_0000000009.jsonl"),
+        Commit.of(2, 12, 20, None, errors=8, error_file="part-00002.jsonl"),
+        Commit.of(0, 0, 5, None, error_file=None, replaces="part-00000.jsonl"),  # a retry fixed shard 0's row
+    ]
+    calls = []
+
+    def read(order):
+        def commits():
+            calls.append(1)
+            return (records[i] for i in order)
+
+        return commits
+
+    docs = []
+    for order in ([0, 1, 2, 3, 4], [3, 1, 4, 2, 0]):
+        calls.clear()
+        text = "".join(success_chunks(read(order), "fp", inputs_failed=1))
+        assert len(calls) == 2
+        doc = json.loads(text)
+        doc.pop("completed")
+        docs.append(doc)
+    assert docs[0] == docs[1]
+    doc = docs[0]
+    assert [(f["shard"], f["start"], f["name"]) for f in doc["files"]] == [
+        (0, 0, "part-00000.parquet"), (1, 5, "part-00001.parquet"), (1, 9, "part-00002.parquet")]  # fmt: skip
+    assert doc["rows"] == 10 + 11 + 12 and doc["rows_failed"] == 10
+    assert doc["error_files"] == [
+        "_errors/part-00001_0000000009.jsonl",
+        "_errors/part-00002.jsonl",
+        "_errors/inputs.jsonl",
+    ]

@@ -24,7 +24,7 @@ import shutil
 import socket
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -132,6 +132,10 @@ class OutputLedger(Protocol):
     def read_plan(self) -> JobPlan | None: ...
     def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan: ...
     def commits(self, repair: bool = True) -> list[Commit]: ...
+    def iter_commits(self, repair: bool = True) -> Iterator[Commit]:
+        """The commits one at a time (a folder's log is read as it goes)."""
+        ...
+
     def commit(self, record: Commit) -> Commit:
         """Record ``record`` (built with :meth:`Commit.of`): from then on its rows are done."""
         ...
@@ -258,11 +262,15 @@ class Ledger:
 
     # -- commits ------------------------------------------------------------
     def commits(self, repair: bool = True) -> list[Commit]:
-        """Every committed part, read a line at a time (a million lines are never one string); a
-        torn last line (a crash mid-append) is dropped (and cut off)."""
+        """Every committed part (:meth:`iter_commits`, as a list)."""
+        return list(self.iter_commits(repair))
+
+    def iter_commits(self, repair: bool = True) -> Iterator[Commit]:
+        """Every committed part, one at a time as the log is read (a million records are never
+        held at once by a reader that folds them); a torn last line (a crash mid-append) is
+        dropped, and cut off once the log is read to its end."""
         if not self.log_path.exists():
-            return []
-        out: list[Commit] = []
+            return
         whole = n = 0  # bytes of the complete lines; lines read
         with open(self.log_path, "rb") as fh:
             for raw in fh:
@@ -272,13 +280,12 @@ class Ledger:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 if line:
                     n += 1
-                    out.append(Commit(**_decode_line(line, f"{self.log_path}:{n}")))
+                    yield Commit(**_decode_line(line, f"{self.log_path}:{n}"))
             torn = fh.seek(0, os.SEEK_END) > whole
         if torn and repair:
             with open(self.log_path, "r+b") as fh:
                 fh.truncate(whole)
                 os.fsync(fh.fileno())
-        return out
 
     def commit(self, record: Commit) -> Commit:
         self.commit_many([record])
@@ -326,7 +333,7 @@ class Ledger:
 
     def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
         """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum."""
-        chunks = success_chunks(self.commits(), fingerprint, inputs_failed, extra)
+        chunks = success_chunks(self.iter_commits, fingerprint, inputs_failed, extra)
         _write_atomic(self.out_dir / SUCCESS, chunks, crash_at="success-temp-written")
 
     def write_file(self, name: str, data: bytes) -> None:
@@ -375,31 +382,69 @@ def failed_rows(commits: Iterable[Commit]) -> int:
 
 
 def success_chunks(
-    commits: Iterable[Commit], fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None
+    commits: Callable[[], Iterable[Commit]],
+    fingerprint: str,
+    inputs_failed: int,
+    extra: Mapping[str, Any] | None = None,
 ) -> Iterator[str]:
     """What ``_SUCCESS`` says, as written: the job, its row counts, its error files (and
-    ``extra``), then every committed file with its rows, bytes, checksum and rows range, last,
-    one a line, so a million parts are never one string or a million dicts at once."""
-    commits = sorted(commits, key=lambda c: (c.shard, c.start))
-    head = json.dumps({**_success_fields(commits, fingerprint, inputs_failed), **(extra or {})}, indent=1)
+    ``extra``), then every committed file with its rows, bytes, checksum and rows range, in
+    shard order, last, one a line. ``commits`` gives the commits each time it is called: they
+    are read twice (the counts first, then the files), so a log already in shard order (a local
+    run's) is never held whole; one out of order (a cluster's) is sorted in memory."""
+    tally = _Tally()
+    for c in commits():
+        tally.add(c)
+    head = json.dumps({**tally.fields(fingerprint, inputs_failed), **(extra or {})}, indent=1)
     yield head[: -len("\n}")] + ',\n "files":[\n'
-    files = [c for c in commits if c.file]
+    files: Iterable[Commit] = (c for c in commits() if c.file)
+    if not tally.in_order:
+        files = sorted(files, key=_shard_order)
+    last = tally.files - 1
     for i, c in enumerate(files):
-        yield json.dumps(_success_file(c), separators=(",", ":")) + (",\n" if i < len(files) - 1 else "\n")
+        yield json.dumps(_success_file(c), separators=(",", ":")) + (",\n" if i < last else "\n")
     yield "]}\n"
 
 
-def _success_fields(commits: list[Commit], fingerprint: str, inputs_failed: int) -> dict[str, Any]:
-    return {
-        "job_fingerprint": fingerprint,
-        "completed": time.time(),
-        "rows": sum(c.rows for c in commits),
-        "rows_routed": sum(c.routed for c in commits),
-        "rows_failed": failed_rows(commits),
-        "inputs_failed": inputs_failed,
-        "error_files": [f"{ERRORS}/{name}" for name in active_error_files(commits)]
-        + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
-    }
+def _shard_order(c: Commit) -> tuple[int, int]:
+    return c.shard, c.start
+
+
+class _Tally:
+    """``_SUCCESS``'s counts, folded one commit at a time."""
+
+    def __init__(self) -> None:
+        self.rows = self.routed = self.files = 0
+        self.in_order = True
+        self._last = (-1, -1)
+        self._superseded: set[str] = set()
+        self._errors: list[tuple[tuple[int, int], str, int]] = []  # (order, error file, rows failed)
+
+    def add(self, c: Commit) -> None:
+        self.rows += c.rows
+        self.routed += c.routed
+        key = _shard_order(c)
+        if c.file:
+            self.files += 1
+            self.in_order = self.in_order and key >= self._last
+            self._last = key
+        if c.replaces:
+            self._superseded.add(c.replaces)
+        if c.error_file:
+            self._errors.append((key, c.error_file, c.errors))
+
+    def fields(self, fingerprint: str, inputs_failed: int) -> dict[str, Any]:
+        active = [(name, n) for _, name, n in sorted(self._errors) if name not in self._superseded]
+        return {
+            "job_fingerprint": fingerprint,
+            "completed": time.time(),
+            "rows": self.rows,
+            "rows_routed": self.routed,
+            "rows_failed": sum(n for _, n in active),
+            "inputs_failed": inputs_failed,
+            "error_files": [f"{ERRORS}/{name}" for name, _ in active]
+            + ([f"{ERRORS}/inputs.jsonl"] if inputs_failed else []),
+        }
 
 
 def _success_file(c: Commit) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -187,6 +187,10 @@ class ObjectLedger:
         extra = f"-{c.replaces}" if c.replaces else ""
         return f"{PRIVATE}/commits/{c.shard:05d}-{c.start:010d}{extra}.json"
 
+    def iter_commits(self, repair: bool = True) -> Iterator[Commit]:
+        """The commit records (fetched together, then handed out one at a time)."""
+        yield from self.commits(repair)
+
     def commits(self, repair: bool = True) -> list[Commit]:
         keys = [k for k in self.store.find(f"{PRIVATE}/commits") if k.endswith(".json")]
         got = self.store.get_many(keys)
@@ -267,7 +271,8 @@ class ObjectLedger:
     def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
         from .ledger import success_chunks
 
-        self.store.put(SUCCESS, "".join(success_chunks(self.commits(), fingerprint, inputs_failed, extra)).encode())
+        commits = self.commits()  # one listing and GET of the records, read twice
+        self.store.put(SUCCESS, "".join(success_chunks(lambda: commits, fingerprint, inputs_failed, extra)).encode())
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         self.store.put(f"{PRIVATE}/{name}", json.dumps(data, indent=1).encode())

@@ -76,6 +76,7 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._next_read: dict[int, int] = {}  # shard index -> first row not yet handed on
         self._limits: dict[int, int] = {}  # shard index -> the row it was split at
+        self._reading: dict[int, Shard] = {}  # shard index -> the shard, from its first read to its end
         # results computed once (see bulkinfer.runners.reuse): from a previous output, or from identical rows
         self.reuse = WindowReuse(cfg, adapter.input_columns)
         self.assembler = Assembler(cfg.sink.preserve_order, cfg.source.id_column)
@@ -206,6 +207,7 @@ class LocalRunner:
         with self._lock:
             self._next_read[shard.index] = shard.start
             self._limits.pop(shard.index, None)
+            self._reading[shard.index] = shard
         try:
             for window in self._windows(shard, lambda row, msg: bad_rows.append((row, msg))):
                 if self.stop.is_set() or self._halt.is_set():
@@ -342,7 +344,6 @@ class LocalRunner:
         producer.start()
         writer.start()
         states: dict[int, ShardState] = {}
-        by_index = {s.index: s for s in shards}
         try:
             while not writer_error:
                 if self.stop.is_set():
@@ -362,13 +363,18 @@ class LocalRunner:
                 if isinstance(item, Failure):
                     raise item.error
                 key = item.shard if isinstance(item, Batch) else item.shard.index
-                state = states.setdefault(key, ShardState(by_index[key]))
+                if key not in states:
+                    with self._lock:
+                        states[key] = ShardState(self._reading[key])
+                state = states[key]
                 if isinstance(item, Batch):
                     self._predict(item, state)
                 elif isinstance(item, WindowEnd):
                     self.assembler.assemble(state, item)
                 elif isinstance(item, ShardEnd):
                     del states[key]
+                    with self._lock:
+                        self._reading.pop(key, None)
                     if item.stop is not None:
                         state.shard = replace(state.shard, stop=item.stop)
                     if item.error is not None:
