@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .adapters import Adapter, ResolvedModel
 from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
 from .commit.finish import finish
-from .commit.ledger import Ledger, OutputLedger, failed_rows
+from .commit.ledger import CommitTally, Ledger, OutputLedger
 from .commit.repair import rebuild_ledger
 from .commit.routing import compile_routes
 from .commit.spend import CostGuard
@@ -256,7 +256,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
             )
         rebuilt = rebuild_ledger(ledger)
         log.info("rebuilt the ledger from %d committed file(s)", len(rebuilt))
-    committed = ledger.commits()
+    committed = CommitTally.of(ledger.iter_commits(), keep_records=ledger.holds_records)  # folded as read
     in_table: set[str] = set()
     if cfg.sink.format == "delta":  # parts a Delta commit added stay, even before their ledger line
         from .sinks.delta import table_files
@@ -273,7 +273,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         shards_already_done=len(plan.shards) - len({s.index for s in todo}),
     )
     skip = [*cfg.passthrough_columns, HASH_COLUMN]
-    stats.output = load_output_stats(ledger, committed, cfg.sink.format, skip)
+    stats.output = load_output_stats(ledger, committed.names, cfg.sink.format, skip)
     stats.empty_inputs = [f.uri for f in plan.inputs if f.size == 0]
     for uri in stats.empty_inputs:  # a truncated upload looks exactly like this: said, never silent
         log.warning("%s: the file is empty (0 bytes): it adds no rows; check the upload if rows were expected", uri)
@@ -281,7 +281,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         ledger.write_input_errors(plan.input_errors)
         for e in plan.input_errors:
             log.warning("skipped %s", e.message)
-    return stats, Left(todo, failed_rows(committed))
+    return stats, Left(todo, committed.failed_rows)
 
 
 Pass = tuple[list[Shard], Committer | RetryCommitter, frozenset[int] | None]

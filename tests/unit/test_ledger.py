@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.commit.ledger import Commit, Ledger
+from bulkinfer.commit.ledger import Commit, CommitTally, Ledger
 from bulkinfer.core.errors import JobMismatchError, LedgerError, LockedError
 from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
@@ -99,7 +99,8 @@ def test_remove_uncommitted_keeps_only_vouched_parts(tmp_path):
     c = led.commit(Commit.of(0, 0, 1, _part(0)))
     for name in ("part-00000.parquet", "part-00001.parquet", ".part-00002.parquet.tmp-1", "other.txt"):
         (tmp_path / name).write_text("x")
-    removed = led.remove_uncommitted([c])
+    removed = led.remove_uncommitted(CommitTally.of(led.iter_commits()))
+    assert c.file == "part-00000.parquet"
     assert sorted(removed) == [".part-00002.parquet.tmp-1", "part-00001.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_bulkinfer", "other.txt", "part-00000.parquet"]
 
@@ -221,3 +222,12 @@ def test_success_reads_the_log_twice_and_lists_files_in_shard_order_with_the_err
         "_errors/part-00002.jsonl",
         "_errors/inputs.jsonl",
     ]
+    tally = CommitTally.of(records)  # what a resume folds the log into
+    assert tally.names == {"part-00000.parquet", "part-00001.parquet", "part-00002.parquet"} and tally.records is None
+    assert tally.failed_rows == 10
+    assert tally.active_error_files() == ["part-00001_0000000009.jsonl", "part-00002.jsonl"]
+    assert (list(tally.shard), list(tally.start), list(tally.stop)) == (
+        [0, 1, 1, 2, 0],
+        [0, 5, 9, 12, 0],
+        [5, 9, 12, 20, 5],
+    )

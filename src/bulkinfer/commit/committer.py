@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from ..core.layout import ERRORS
 from ..core.records import decode_records
 from ..report.columns import describe
 from ..report.output import STATS
-from .ledger import Commit, OutputLedger
+from .ledger import Commit, CommitTally, OutputLedger
 from .routing import DEFAULT, Route, split
 
 if TYPE_CHECKING:
@@ -60,16 +59,15 @@ def error_budget(cfg: JobConfig, rows_planned: int) -> int:
     return budget if ex.max_errors is None else min(budget, ex.max_errors)
 
 
-def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit]) -> list[Shard]:
+def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitTally) -> list[Shard]:
     """The row ranges of ``planned`` that no commit covers, as shards: a shard no commit touches
     is itself, a tail keeps its index. The commits are folded into three integer arrays as they
     are read (24 bytes a commit), never held as records: a million-shard job's resume and end."""
-    shard, start, stop = array("q"), array("q"), array("q")
-    for c in commits:
-        shard.append(c.shard)
-        start.append(c.start)
-        stop.append(c.stop)
-    s, a, b = (np.frombuffer(x, dtype=np.int64) if len(x) else np.zeros(0, np.int64) for x in (shard, start, stop))
+    tally = commits if isinstance(commits, CommitTally) else CommitTally.of(commits)
+    s, a, b = (
+        np.frombuffer(x, dtype=np.int64) if len(x) else np.zeros(0, np.int64)
+        for x in (tally.shard, tally.start, tally.stop)
+    )
     order = np.lexsort((a, s))
     s, a, b = s[order], a[order], b[order]
     index = np.fromiter((p.index for p in planned), np.int64, len(planned))

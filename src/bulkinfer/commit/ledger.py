@@ -24,6 +24,7 @@ import shutil
 import socket
 import time
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,10 +42,10 @@ __all__ = [
     "PRIVATE",
     "SUCCESS",
     "Commit",
+    "CommitTally",
     "Ledger",
     "OutputLedger",
     "active_error_files",
-    "failed_rows",
     "success_chunks",
 ]
 
@@ -126,6 +127,9 @@ class OutputLedger(Protocol):
     out_dir: Any
     errors_dir: Any
     took_over_from: str | None
+    holds_records: bool
+    """Whether a fold of its commits keeps the records (:class:`CommitTally`): an object store's
+    ledger needs them to roll a half-done commit forward; a folder's never holds them."""
 
     def __enter__(self) -> OutputLedger: ...
     def __exit__(self, *exc: object) -> None: ...
@@ -145,7 +149,7 @@ class OutputLedger(Protocol):
         prefix of them recorded (:meth:`commits` says which)."""
         ...
 
-    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]: ...
+    def remove_uncommitted(self, committed: CommitTally, keep: Iterable[str] = ()) -> list[str]: ...
     def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
     def read_error_file(self, name: str) -> bytes: ...
     def delete_error_file(self, name: str) -> None: ...
@@ -168,6 +172,7 @@ class Ledger:
         self.errors_dir = out_dir / ERRORS
         self._lock_fh: Any = None
         self.took_over_from: str | None = None
+        self.holds_records = False
 
     # -- lock ---------------------------------------------------------------
     def __enter__(self) -> Ledger:
@@ -307,12 +312,11 @@ class Ledger:
         finally:
             os.close(fd)
 
-    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]:
+    def remove_uncommitted(self, committed: CommitTally, keep: Iterable[str] = ()) -> list[str]:
         """Delete temp files, parts and error files that no ledger line vouches for (nor ``keep``:
         parts a Delta table's log holds); return their names."""
-        committed = list(committed)
-        keep = {c.file for c in committed} | set(keep)
-        keep_errors = set(active_error_files(committed))
+        keep = committed.names | set(keep)
+        keep_errors = set(committed.active_error_files())
         removed = []
         for p in self.out_dir.iterdir():
             stale_part = p.name.startswith("part-") and p.name not in keep
@@ -374,13 +378,6 @@ def active_error_files(commits: Iterable[Commit]) -> list[str]:
     return [c.error_file for c in commits if c.error_file and c.error_file not in superseded]
 
 
-def failed_rows(commits: Iterable[Commit]) -> int:
-    """Rows that failed and were not fixed by a retry."""
-    commits = list(commits)
-    active = set(active_error_files(commits))
-    return sum(c.errors for c in commits if c.error_file in active)
-
-
 def success_chunks(
     commits: Callable[[], Iterable[Commit]],
     fingerprint: str,
@@ -392,9 +389,7 @@ def success_chunks(
     shard order, last, one a line. ``commits`` gives the commits each time it is called: they
     are read twice (the counts first, then the files), so a log already in shard order (a local
     run's) is never held whole; one out of order (a cluster's) is sorted in memory."""
-    tally = _Tally()
-    for c in commits():
-        tally.add(c)
+    tally = CommitTally.of(commits())
     head = json.dumps({**tally.fields(fingerprint, inputs_failed), **(extra or {})}, indent=1)
     yield head[: -len("\n}")] + ',\n "files":[\n'
     files: Iterable[Commit] = (c for c in commits() if c.file)
@@ -410,31 +405,63 @@ def _shard_order(c: Commit) -> tuple[int, int]:
     return c.shard, c.start
 
 
-class _Tally:
-    """``_SUCCESS``'s counts, folded one commit at a time."""
+class CommitTally:
+    """The commit log folded one record at a time, never held: row counts, the error files in
+    force, the committed files' names and every commit's row range (three integer arrays,
+    24 bytes a commit). ``records`` keeps the records themselves only when asked (an object
+    store's ledger, which fetches them together anyway and rolls a half-done commit forward)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_records: bool = False) -> None:
         self.rows = self.routed = self.files = 0
         self.in_order = True
         self._last = (-1, -1)
         self._superseded: set[str] = set()
         self._errors: list[tuple[tuple[int, int], str, int]] = []  # (order, error file, rows failed)
+        self.names: set[str] = set()
+        self.shard, self.start, self.stop = array("q"), array("q"), array("q")
+        self.records: list[Commit] | None = [] if keep_records else None
+
+    @classmethod
+    def of(cls, commits: Iterable[Commit], keep_records: bool = False) -> CommitTally:
+        tally = cls(keep_records)
+        for c in commits:
+            tally.add(c)
+        return tally
 
     def add(self, c: Commit) -> None:
         self.rows += c.rows
         self.routed += c.routed
         key = _shard_order(c)
+        self.shard.append(c.shard)
+        self.start.append(c.start)
+        self.stop.append(c.stop)
         if c.file:
             self.files += 1
+            self.names.add(c.file)
             self.in_order = self.in_order and key >= self._last
             self._last = key
         if c.replaces:
             self._superseded.add(c.replaces)
         if c.error_file:
             self._errors.append((key, c.error_file, c.errors))
+        if self.records is not None:
+            self.records.append(c)
+
+    def _active(self) -> list[tuple[str, int]]:
+        return [(name, n) for _, name, n in sorted(self._errors) if name not in self._superseded]
+
+    def active_error_files(self) -> list[str]:
+        """Error files in force (no later --retry-errors commit superseded them), in shard order."""
+        return [name for name, _ in self._active()]
+
+    @property
+    def failed_rows(self) -> int:
+        """Rows that failed and were not fixed by a retry."""
+        return sum(n for _, n in self._active())
 
     def fields(self, fingerprint: str, inputs_failed: int) -> dict[str, Any]:
-        active = [(name, n) for _, name, n in sorted(self._errors) if name not in self._superseded]
+        """``_SUCCESS``'s fields but its files."""
+        active = self._active()
         return {
             "job_fingerprint": fingerprint,
             "completed": time.time(),

@@ -38,7 +38,7 @@ from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
 from ..plan import JobPlan, describe_change
 from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
-from .ledger import Commit, active_error_files
+from .ledger import Commit, CommitTally
 
 __all__ = ["LEASE_S", "ObjectLedger"]
 
@@ -62,6 +62,7 @@ class ObjectLedger:
         self.private = f"{store.uri}/{PRIVATE}"
         self.errors_dir = f"{store.uri}/{ERRORS}"
         self.took_over_from: str | None = None
+        self.holds_records = True
         self._etag: str | None = None
         self._lost = threading.Event()
         self._stop = threading.Event()
@@ -220,12 +221,12 @@ class ObjectLedger:
         for record in records:
             self.commit(record)
 
-    def remove_uncommitted(self, committed: Iterable[Commit], keep: Iterable[str] = ()) -> list[str]:
-        committed = list(committed)
-        keep = {c.file for c in committed} | set(keep)
-        keep_errors = set(active_error_files(committed))
+    def remove_uncommitted(self, committed: CommitTally, keep: Iterable[str] = ()) -> list[str]:
+        assert committed.records is not None, "an object store's ledger folds its commits with their records"
+        keep = committed.names | set(keep)
+        keep_errors = set(committed.active_error_files())
         present = self.store.ls()
-        for c in committed:  # a crash between a commit record and its copy: roll it forward
+        for c in committed.records:  # a crash between a commit record and its copy: roll it forward
             if c.file and c.file not in present:
                 self._roll_forward(c)
         stale = [k for k in present if k.startswith("part-") and k not in keep]

@@ -17,7 +17,7 @@ from .columns import OutputStats, describe
 from .stats import RunStats
 
 if TYPE_CHECKING:
-    from ..commit.ledger import Commit, OutputLedger
+    from ..commit.ledger import OutputLedger
     from ..config import JobConfig
 
 __all__ = [
@@ -140,14 +140,14 @@ def price_table() -> dict[str, Any]:
     return tomllib.loads(files("bulkinfer").joinpath("data/prices.toml").read_text())
 
 
-def load_output_stats(ledger: OutputLedger, commits: list[Commit], fmt: str, skip: list[str]) -> OutputStats:
-    """The statistics of the committed parts: those ``stats.json`` kept, plus those of parts
-    committed after it was last written (a run killed outright), computed again from the files."""
+def load_output_stats(ledger: OutputLedger, in_force: set[str], fmt: str, skip: list[str]) -> OutputStats:
+    """The statistics of the committed parts (named in ``in_force``): those ``stats.json`` kept,
+    plus those of parts committed after it was last written (a run killed outright), computed
+    again from the files."""
     from ..sinks.files import deserialize
 
     saved = ledger.read_private(STATS)
     kept = OutputStats.from_json(saved) if saved and saved.get("version") == 1 else OutputStats()
-    in_force = {c.file for c in commits if c.file}
     out = OutputStats()
     if kept.covers <= in_force:  # else it describes another job's parts (--overwrite): start again
         out = kept
