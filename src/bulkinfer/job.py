@@ -16,11 +16,13 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .adapters import Adapter, ResolvedModel
 from .commit.committer import Committer, PartStamp, RetryCommitter, remaining_work, retry_units
@@ -45,7 +47,7 @@ from .report.output import instance_price, load_output_stats
 from .runners import make_runner
 from .runners.ray import auto_on_cluster
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
-from .sources import Shard
+from .sources import Shard, ShardTable
 
 if TYPE_CHECKING:
     from .precision.gate import GateFigures
@@ -239,7 +241,7 @@ class Left:
     """What a resume leaves to run: the rows no commit covers, and the rows already failed (the
     commit records themselves are not kept: a million of them while the job runs)."""
 
-    todo: list[Shard]
+    todo: ShardTable
     failed_rows: int
 
 
@@ -270,7 +272,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
         rows_planned=plan.rows,
         shards_planned=len(plan.shards),
         rows_already_done=plan.rows - sum(s.num_rows for s in todo),
-        shards_already_done=len(plan.shards) - len({s.index for s in todo}),
+        shards_already_done=len(plan.shards) - len(np.unique(todo.indexes())),
     )
     skip = [*cfg.passthrough_columns, HASH_COLUMN]
     stats.output = load_output_stats(ledger, committed.names, cfg.sink.format, skip)
@@ -284,7 +286,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
     return stats, Left(todo, committed.failed_rows)
 
 
-Pass = tuple[list[Shard], Committer | RetryCommitter, frozenset[int] | None]
+Pass = tuple[Sequence[Shard], Committer | RetryCommitter, frozenset[int] | None]
 """Shards, the committer their outputs go to, and the rows to run (None: all)."""
 
 

@@ -23,7 +23,16 @@ from .core.errors import SourceError
 from .core.records import ErrorRecord
 from .core.schema import type_name
 from .core.storage import concurrently
-from .sources import InputFile, Shard, check_columns, head_schema, list_inputs, plan_shards, settle_types
+from .sources import (
+    InputFile,
+    Shard,
+    ShardTable,
+    check_columns,
+    head_schema,
+    list_inputs,
+    plan_shards,
+    settle_types,
+)
 from .sources.encoding import LINE_FORMATS
 from .sources.parquet import forget_footers
 
@@ -94,7 +103,7 @@ class JobPlan:
     model_digest: str
     inputs: list[InputFile]
     config: dict[str, Any]
-    shards: list[Shard]
+    shards: Sequence[Shard]  # a ShardTable when planned or read: columns, not a million objects
     input_errors: list[ErrorRecord] = field(default_factory=list)
     column_types: dict[str, str] | None = None  # None: planned by a version that did not settle types
     created: float = 0.0
@@ -102,7 +111,7 @@ class JobPlan:
 
     @property
     def rows(self) -> int:
-        return sum(s.num_rows for s in self.shards)
+        return self.shards.rows() if isinstance(self.shards, ShardTable) else sum(s.num_rows for s in self.shards)
 
     @property
     def planned_starts(self) -> Mapping[int, int]:
@@ -144,7 +153,7 @@ class JobPlan:
         it = iter(lines)
         for line in it:
             if line == SHARDS_LINE:
-                shards = []
+                shards = ShardTable()
                 for row in it:
                     if row.startswith("]"):
                         break
@@ -154,7 +163,7 @@ class JobPlan:
         return cls.from_json(json.loads("".join(head)))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], shards: list[Shard] | None = None) -> JobPlan:
+    def from_json(cls, data: dict[str, Any], shards: Sequence[Shard] | None = None) -> JobPlan:
         model = data.get("model") or {}
         return cls(
             fingerprint=data["fingerprint"],
@@ -164,7 +173,7 @@ class JobPlan:
             model_digest=data.get("model_digest", ""),
             inputs=[InputFile.from_json(f) for f in data.get("inputs", [])],
             config=data.get("config", {}),
-            shards=shards if shards is not None else [Shard.from_json(s) for s in data.get("shards", [])],
+            shards=shards if shards is not None else ShardTable(Shard.from_json(s) for s in data.get("shards", [])),
             input_errors=[ErrorRecord.from_json(e) for e in data.get("input_errors", [])],
             column_types=data.get("column_types"),
             created=data.get("created", 0.0),
@@ -224,10 +233,10 @@ def _retry_fingerprint(existing: JobPlan, draft: JobPlan) -> str:
     return existing.fingerprint
 
 
-def _limit(shards: list[Shard], limit: int | None) -> list[Shard]:
+def _limit(shards: ShardTable, limit: int | None) -> ShardTable:
     if limit is None:
         return shards
-    out, left = [], limit
+    out, left = ShardTable(), limit
     for s in shards:
         if left <= 0:
             break
@@ -303,9 +312,16 @@ def _make_plan(
         if problems and not shards:
             raise _none_readable(problems, len(inputs))
     # the types the planned files start with; a file skipped at planning has no say
-    settled = settle_types((heads[uri] for uri in dict.fromkeys(s.uri for s in shards)), columns)
+    settled = settle_types((heads[uri] for uri in _uris(shards)), columns)
     column_types = {**{c: n for c, t in settled.items() if (n := type_name(t))}, **cfg.source.column_types}
     return replace(draft, shards=shards, input_errors=input_errors, column_types=column_types)
+
+
+def _uris(shards: Sequence[Shard]) -> list[str]:
+    """The files the shards read, in order, each once."""
+    if isinstance(shards, ShardTable):
+        return shards.uris()
+    return list(dict.fromkeys(s.uri for s in shards))
 
 
 def _none_readable(problems: list[SourceError], n_inputs: int) -> SourceError:

@@ -14,6 +14,7 @@ from bulkinfer.commit.ledger import Commit, CommitTally, Ledger
 from bulkinfer.core.errors import JobMismatchError, LedgerError, LockedError
 from bulkinfer.plan import JobPlan
 from bulkinfer.sinks import Part
+from bulkinfer.sources import ShardTable
 
 from helpers import race
 
@@ -155,7 +156,7 @@ def _planned(sizes):
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=25))
-def test_remaining_work_is_every_row_no_commit_covers_and_untouched_shards_are_themselves(data, sizes):
+def test_remaining_work_is_every_row_no_commit_covers_and_untouched_shards_are_whole(data, sizes):
     from bulkinfer.commit.committer import remaining_work
 
     planned = _planned(sizes)
@@ -167,6 +168,7 @@ def test_remaining_work_is_every_row_no_commit_covers_and_untouched_shards_are_t
                 commits.append(Commit.of(s.index, a, b, None))
     commits = data.draw(st.permutations(commits))
     todo = remaining_work(planned, iter(commits))  # folded as read
+    assert isinstance(todo, ShardTable)  # columns: a million-shard job's work left is not a million objects
     done = {r for c in commits for r in range(c.start, c.stop)}
     left = [r for t in todo for r in range(t.start, t.stop)]
     assert sorted(left) == sorted(set(range(planned[-1].stop)) - done) and len(left) == len(set(left))
@@ -180,7 +182,7 @@ def test_remaining_work_is_every_row_no_commit_covers_and_untouched_shards_are_t
             s.base,
         )
         if t.index not in touched:
-            assert t is s  # not a copy: a million-shard job's todo is its plan's own shards
+            assert t == s  # whole, every field as planned
 
 
 def test_success_reads_the_log_twice_and_lists_files_in_shard_order_with_the_error_files_in_force(tmp_path):

@@ -21,6 +21,7 @@ from ..core.layout import ERRORS
 from ..core.records import decode_records
 from ..report.columns import describe
 from ..report.output import STATS
+from ..sources.shardtable import ShardTable
 from .ledger import Commit, CommitTally, OutputLedger
 from .routing import DEFAULT, Route, split
 
@@ -59,10 +60,11 @@ def error_budget(cfg: JobConfig, rows_planned: int) -> int:
     return budget if ex.max_errors is None else min(budget, ex.max_errors)
 
 
-def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitTally) -> list[Shard]:
+def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitTally) -> ShardTable:
     """The row ranges of ``planned`` that no commit covers, as shards: a shard no commit touches
     is itself, a tail keeps its index. The commits are folded into three integer arrays as they
-    are read (24 bytes a commit), never held as records: a million-shard job's resume and end."""
+    are read (24 bytes a commit), never held as records, and the work left is a
+    :class:`ShardTable` (columns): a million-shard job's resume and end."""
     tally = commits if isinstance(commits, CommitTally) else CommitTally.of(commits)
     s, a, b = (
         np.frombuffer(x, dtype=np.int64) if len(x) else np.zeros(0, np.int64)
@@ -72,7 +74,7 @@ def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitT
     s, a, b = s[order], a[order], b[order]
     index = np.fromiter((p.index for p in planned), np.int64, len(planned))
     first, end = np.searchsorted(s, index, "left").tolist(), np.searchsorted(s, index, "right").tolist()
-    todo = []
+    todo = ShardTable()
     for p, i, j in zip(planned, first, end, strict=True):
         if i == j:
             todo.append(p)
@@ -314,7 +316,7 @@ class RetryUnit:
     rows: frozenset[int]
 
 
-def retry_units(ledger: OutputLedger, planned: list[Shard], commits: list[Commit]) -> list[RetryUnit]:
+def retry_units(ledger: OutputLedger, planned: Sequence[Shard], commits: list[Commit]) -> list[RetryUnit]:
     """One unit per error file in force, with the rows it lists (a shard-level record lists its whole range)."""
     plan = {s.index: s for s in planned}
     superseded = {c.replaces for c in commits if c.replaces}

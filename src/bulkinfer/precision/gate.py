@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     # computes the gate's figures (raising QualityGateError below the floor): gate_figures here,
     # or the same on a cluster node that has the job's device (the Ray runner)
-    GateFigures = Callable[[JobConfig, Adapter, ResolvedModel, list[Shard]], dict[str, Any]]
+    GateFigures = Callable[[JobConfig, Adapter, ResolvedModel, Sequence[Shard]], dict[str, Any]]
 
 __all__ = [
     "compare_embeddings",
@@ -45,26 +45,33 @@ __all__ = [
     "quality_gate",
     "run_adapter",
     "sample_figures",
+    "sample_shards",
     "searchable",
 ]
 
 log = logging.getLogger("bulkinfer")
 
 
+def sample_shards(shards: Sequence[Shard], spread: int = 16) -> list[Shard]:
+    """The shards :func:`sample_rows` reads: up to ``spread``, spaced evenly through the plan (all
+    a gate on another process needs to be sent, not the plan's million)."""
+    k = min(spread, len(shards))
+    return [shards[i] for i in sorted({round(i * (len(shards) - 1) / max(1, k - 1)) for i in range(k)})]
+
+
 def sample_rows(shards: Sequence[Shard], columns: Sequence[str], n: int, spread: int = 16) -> pa.Table:
     """``n`` rows from across the planned input: the first rows of up to ``spread`` shards
     spaced evenly through the plan (deterministic, cheap, and not fooled by an input sorted
     by length or by category, as the first ``n`` rows would be)."""
-    if not shards:
+    picked = sample_shards(shards, spread)
+    if not picked:
         return pa.table({c: [] for c in columns})
-    k = min(spread, len(shards))
-    picked = sorted({round(i * (len(shards) - 1) / max(1, k - 1)) for i in range(k)})
     tables: list[pa.Table] = []
     have = 0
-    for i, index in enumerate(picked):
+    for i, shard in enumerate(picked):
         quota = -(-(n - have) // (len(picked) - i))  # the rest, shared by the shards left
         batches = []
-        for batch in read_shard(shards[index], columns, on_bad_row=lambda _row, _msg: None):
+        for batch in read_shard(shard, columns, on_bad_row=lambda _row, _msg: None):
             batches.append(batch.drop_columns([ROW]))
             if sum(b.num_rows for b in batches) >= quota:
                 break
@@ -162,7 +169,7 @@ def job_quality_gate(
     cfg: JobConfig,
     adapter: Adapter,
     model: ResolvedModel,
-    shards: list[Shard],
+    shards: Sequence[Shard],
     ledger: OutputLedger,
     figures_of: GateFigures | None = None,
 ) -> dict[str, Any] | None:
@@ -247,7 +254,7 @@ def _write_verdict(path: Path, figures: dict[str, Any]) -> None:
         log.debug("quality gate: cannot keep the verdict in %s (%s)", path, exc)
 
 
-def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: list[Shard]) -> dict[str, Any]:
+def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards: Sequence[Shard]) -> dict[str, Any]:
     """The gate's figures for ``adapter`` (set up, in the job's precision) against fp32 on the
     job's rows; the int8 search when full int8 fails and may be searched."""
     sample = sample_rows(shards, list(adapter.input_columns), cfg.runtime.quality_sample_rows)

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from ..core.errors import BulkinferError, ConfigError, QualityGateError
 from ..core.storage import use_storage_options
 from ..engines import choose_engine, default_cache_dir
 from ..sinks import write_bytes
-from ..sources import list_inputs, plan_shards
+from ..sources import Shard, list_inputs, plan_shards
 from .gate import partial_int8, quality_gate, run_adapter, sample_rows, searchable
 
 log = logging.getLogger("bulkinfer")
@@ -226,7 +226,7 @@ own cost would eat the gain)."""
 
 
 def _tune_processes(
-    cfg: JobConfig, model: Any, shards: list[Any], sample_size: int, on_candidate: Callable[[Candidate], None]
+    cfg: JobConfig, model: Any, shards: Sequence[Shard], sample_size: int, on_candidate: Callable[[Candidate], None]
 ) -> TuneResult:
     """A model precisions do not apply to: one process with every CPU's threads against one
     single-threaded process per CPU; the tuned job runs the faster (the Ray backend with

@@ -8,6 +8,7 @@ from .base import ROW, BadRow, Format, InputFile, Shard, Span
 from .listing import list_inputs
 from .registry import EXTENSIONS, FORMATS, detect_format
 from .shards import plan_shards, read_shard
+from .shardtable import ShardTable
 from .types import check_columns, head_schema, settle_types
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Format",
     "InputFile",
     "Shard",
+    "ShardTable",
     "Span",
     "check_columns",
     "detect_format",

@@ -18,6 +18,7 @@ from ..core.errors import SourceError
 from ..core.schema import convert_rows
 from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, numbered
 from .registry import get_format
+from .shardtable import ShardTable
 
 __all__ = ["plan_shards", "read_shard"]
 
@@ -27,7 +28,7 @@ def plan_shards(
     shard_rows: int,
     problems: list[SourceError] | None = None,
     max_record: int = MAX_RECORD_BYTES,
-) -> list[Shard]:
+) -> ShardTable:
     """Cut every file into shards of about ``shard_rows`` rows; shards cover each row exactly once.
 
     A file that cannot be planned (unreadable, truncated, not the format it claims) raises
@@ -46,7 +47,7 @@ def plan_shards(
 
     present = [f for f in files if f.size != 0]
     planned = concurrently(spans_of, present, [f.uri for f in present])  # an object store's footers: concurrently
-    shards: list[Shard] = []
+    shards = ShardTable()
     for f, spans in zip(present, planned, strict=True):
         if isinstance(spans, SourceError):
             if problems is None:

@@ -19,6 +19,7 @@ from typing import Any
 from ...adapters import Adapter, job_setup_context
 from ...config import JobConfig
 from ...core.errors import BulkinferError, ClusterError, ConfigError, ModelError
+from ...precision.gate import sample_shards
 from ...precision.settle import after_gate
 from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
@@ -121,11 +122,12 @@ class RayRunner:
 
         return hardware.device_here(self.cfg.runtime.device)
 
-    def _gate_on_cluster(self, cfg: JobConfig, adapter: Adapter, model: Any, shards: list[Shard]) -> dict[str, Any]:
-        """The gate's figures from a worker started for it (with the workers' CPUs and GPUs)."""
+    def _gate_on_cluster(self, cfg: JobConfig, adapter: Adapter, model: Any, shards: Sequence[Shard]) -> dict[str, Any]:
+        """The gate's figures from a worker started for it (with the workers' CPUs and GPUs),
+        sent the shards its sample reads."""
         actor = self._actor()
         try:
-            result = self.ray.get(actor.gate.remote(list(shards)))
+            result = self.ray.get(actor.gate.remote(sample_shards(shards)))
         except self.ray.exceptions.RayError as exc:
             raise ClusterError(f"the quality gate on a worker failed ({type(exc).__name__}: {exc})") from exc
         finally:
