@@ -271,7 +271,7 @@ def resume(cfg: JobConfig, ledger: OutputLedger, plan: JobPlan) -> tuple[RunStat
     stats = RunStats(
         rows_planned=plan.rows,
         shards_planned=len(plan.shards),
-        rows_already_done=plan.rows - sum(s.num_rows for s in todo),
+        rows_already_done=plan.rows - todo.rows(),
         shards_already_done=len(plan.shards) - len(np.unique(todo.indexes())),
     )
     skip = [*cfg.passthrough_columns, HASH_COLUMN]

@@ -65,7 +65,8 @@ def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitT
     is itself, a tail keeps its index. The commits are folded into three integer arrays as they
     are read (24 bytes a commit), never held as records, and the work left is a
     :class:`ShardTable` (columns): a million-shard job's resume and end."""
-    tally = commits if isinstance(commits, CommitTally) else CommitTally.of(commits)
+    tally = commits if isinstance(commits, CommitTally) else CommitTally.of(commits, names=False)
+    assert tally.has_ranges, "a tally folded without its row ranges cannot say what is left"
     s, a, b = (
         np.frombuffer(x, dtype=np.int64) if len(x) else np.zeros(0, np.int64)
         for x in (tally.shard, tally.start, tally.stop)

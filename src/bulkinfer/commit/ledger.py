@@ -389,7 +389,7 @@ def success_chunks(
     shard order, last, one a line. ``commits`` gives the commits each time it is called: they
     are read twice (the counts first, then the files), so a log already in shard order (a local
     run's) is never held whole; one out of order (a cluster's) is sorted in memory."""
-    tally = CommitTally.of(commits())
+    tally = CommitTally.of(commits(), names=False, ranges=False)
     head = json.dumps({**tally.fields(fingerprint, inputs_failed), **(extra or {})}, indent=1)
     yield head[: -len("\n}")] + ',\n "files":[\n'
     files: Iterable[Commit] = (c for c in commits() if c.file)
@@ -407,11 +407,12 @@ def _shard_order(c: Commit) -> tuple[int, int]:
 
 class CommitTally:
     """The commit log folded one record at a time, never held: row counts, the error files in
-    force, the committed files' names and every commit's row range (three integer arrays,
-    24 bytes a commit). ``records`` keeps the records themselves only when asked (an object
-    store's ledger, which fetches them together anyway and rolls a half-done commit forward)."""
+    force, and, unless turned off, the committed files' names (``names``) and every commit's
+    row range (three integer arrays, 24 bytes a commit). ``records`` keeps the records
+    themselves only when asked (an object store's ledger, which fetches them together anyway
+    and rolls a half-done commit forward)."""
 
-    def __init__(self, keep_records: bool = False) -> None:
+    def __init__(self, keep_records: bool = False, names: bool = True, ranges: bool = True) -> None:
         self.rows = self.routed = self.files = 0
         self.in_order = True
         self._last = (-1, -1)
@@ -420,10 +421,13 @@ class CommitTally:
         self.names: set[str] = set()
         self.shard, self.start, self.stop = array("q"), array("q"), array("q")
         self.records: list[Commit] | None = [] if keep_records else None
+        self._names, self.has_ranges = names, ranges
 
     @classmethod
-    def of(cls, commits: Iterable[Commit], keep_records: bool = False) -> CommitTally:
-        tally = cls(keep_records)
+    def of(
+        cls, commits: Iterable[Commit], keep_records: bool = False, names: bool = True, ranges: bool = True
+    ) -> CommitTally:
+        tally = cls(keep_records, names, ranges)
         for c in commits:
             tally.add(c)
         return tally
@@ -432,12 +436,14 @@ class CommitTally:
         self.rows += c.rows
         self.routed += c.routed
         key = _shard_order(c)
-        self.shard.append(c.shard)
-        self.start.append(c.start)
-        self.stop.append(c.stop)
+        if self.has_ranges:
+            self.shard.append(c.shard)
+            self.start.append(c.start)
+            self.stop.append(c.stop)
         if c.file:
             self.files += 1
-            self.names.add(c.file)
+            if self._names:
+                self.names.add(c.file)
             self.in_order = self.in_order and key >= self._last
             self._last = key
         if c.replaces:
