@@ -48,3 +48,22 @@ def test_a_group_is_never_empty_nor_more_than_the_cap_or_half_a_share(calls, wai
     assert 1 <= k <= max(1, min(most, waiting // (2 * max(1, workers))))
     if not calls:
         assert k == 1
+
+
+def test_the_queue_hands_out_put_back_shards_first_then_the_plan_in_order_then_split_tails():
+    from bulkinfer.runners.grouping import ShardQueue
+    from bulkinfer.sources import Shard, ShardTable
+
+    plan = ShardTable(
+        Shard(i, "in.jsonl", "jsonl", 10 * i, 10 * i + 10, 100 * i, 100 * i + 100, 10 * i) for i in range(5)
+    )
+    q = ShardQueue(plan)
+    assert len(q) == 5
+    first, second = q.popleft(), q.popleft()
+    assert (first, second) == (plan[0], plan[1])
+    q.append(Shard(1, "in.jsonl", "jsonl", 15, 20, 100, 200, 10))  # a straggler's tail: last
+    q.extendleft([first, second])  # a lost worker's group: first, in its order
+    assert len(q) == 6
+    assert [(s.index, s.start) for s in (q.popleft() for _ in range(6))] == [
+        (0, 0), (1, 10), (2, 20), (3, 30), (4, 40), (1, 15)]  # fmt: skip
+    assert not q

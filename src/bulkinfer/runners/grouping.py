@@ -1,4 +1,5 @@
-"""How many shards a cluster backend hands one worker in one call.
+"""How many shards a cluster backend hands one worker in one call, and the queue it takes
+them from.
 
 A call has a fixed cost on the driver (a Ray task's round trip and bookkeeping, about a
 millisecond of the driver's CPU; a Spark job's scheduling, tens of milliseconds). With
@@ -12,9 +13,13 @@ shard each: nothing is measured yet.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CALL_S", "MOST", "Grouper"]
+from ..sources import Shard
+
+__all__ = ["CALL_S", "MOST", "Grouper", "ShardQueue"]
 
 CALL_S = 0.5
 """A call's target length in seconds: its fixed cost is small beside it, and a worker lost
@@ -47,3 +52,33 @@ class Grouper:
         share = waiting // (2 * max(1, workers))
         fill = int(self.call_s / max(self.shard_s, 1e-9))
         return max(1, min(fill, share, self.most))
+
+
+class ShardQueue:
+    """The shards waiting to be handed out: those put back first (a lost worker's, re-queued at
+    the front), then the job's own in order, taken one at a time from its table (a million
+    shards are not a million objects up front), then the split-off tails put at the back."""
+
+    def __init__(self, shards: Sequence[Shard] = ()) -> None:
+        self._front: deque[Shard] = deque()
+        self._rest = iter(shards)
+        self._left = len(shards)
+        self._back: deque[Shard] = deque()
+
+    def __len__(self) -> int:
+        return len(self._front) + self._left + len(self._back)
+
+    def popleft(self) -> Shard:
+        if self._front:
+            return self._front.popleft()
+        if self._left:
+            self._left -= 1
+            return next(self._rest)
+        return self._back.popleft()
+
+    def extendleft(self, shards: Iterable[Shard]) -> None:
+        """Put ``shards`` at the front, in their order."""
+        self._front.extendleft(reversed(list(shards)))
+
+    def append(self, shard: Shard) -> None:
+        self._back.append(shard)

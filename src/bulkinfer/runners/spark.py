@@ -30,7 +30,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from ..sinks import make_sink
 from ..sources import Shard
 from ..spark.session import spark_session
 from .base import Committing, Gate
-from .grouping import Grouper
+from .grouping import Grouper, ShardQueue
 from .worker import Worker
 
 __all__ = ["SparkRunner", "run_task", "warm_task"]
@@ -174,7 +173,7 @@ class SparkRunner:
             "stamp": commit.stamp,
         }
         self._warm(common)
-        todo = deque(shards)
+        todo = ShardQueue(shards)
         running: dict[Future[dict[str, Any]], _Task] = {}
         self.stats.mark_running()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="bulkinfer-spark") as pool:

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,7 +24,7 @@ from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
 from ..base import Committing, Gate
-from ..grouping import Grouper
+from ..grouping import Grouper, ShardQueue
 from ..worker import Worker
 from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit
 
@@ -81,7 +80,7 @@ class RayRunner:
         self.stop = stop
         self.ray = ray_module()
         self.slots: list[_Slot] = []
-        self.todo: deque[Shard] = deque()
+        self.todo = ShardQueue()
         self.attempts: dict[Any, _Attempt] = {}
         self.driver_cpu_s = 0.0
         self.covered: dict[int, list[tuple[int, int]]] = {}
@@ -191,7 +190,7 @@ class RayRunner:
         log.info("ray: %d worker(s) × %g CPU on %d node(s)", n, self.ex.num_cpus, nodes)
         self.slots = [self._start_worker() for _ in range(n)]
         self.target = n
-        self.todo = deque(shards)
+        self.todo = ShardQueue(shards)
         self.rows_left = sum(s.num_rows for s in shards)
         cpu = time.process_time()  # the driver's own cost, all its threads (Ray's among them): what it could sustain
         try:
@@ -330,7 +329,7 @@ class RayRunner:
             return
         attempt.abandoned = True
         back = [s for s in attempt.shards if not self._is_covered(s)]
-        self.todo.extendleft(reversed(back))  # first in the queue, in their order
+        self.todo.extendleft(back)  # first in the queue, in their order
         self.counts["requeued"] += len(back)
         if len(back) == 1:
             log.warning("%s %s; rows %s of %s re-queued", attempt.slot.name, why, _rows(back[0]), back[0].uri)
