@@ -138,6 +138,7 @@ def test_stats_are_saved_as_parts_commit_so_a_resume_after_a_kill_rereads_few_pa
 
     tmp_path = data
     monkeypatch.setattr(committer, "STATS_EVERY_S", 0.0)
+    monkeypatch.setattr(committer, "STATS_SPACING", 0)
     saved = tmp_path / "out" / "_bulkinfer" / "stats.json"
     seen: list[list[str] | None] = []
     run_job(load_config(overrides=job(tmp_path, "out")), on_commit=lambda _s: seen.append(

@@ -132,3 +132,29 @@ def test_the_error_budget_stops_the_run_with_the_first_error(tmp_path):
     with pytest.raises(ErrorBudgetExceeded, match=r"1 rows failed, over the error budget of 0.*in\.jsonl row 3"):
         LocalRunner(strict, Doubler(frozenset({(3 * 37) % 1000})), stats, threading.Event()).run(shards, committer)
     assert [c.shard for c in ledger.commits()] == [0]  # the shard holding the bad row is committed, then the stop
+
+
+def test_statistics_saves_are_spaced_by_what_the_last_one_took(tmp_path, monkeypatch):
+    """A save of stats.json names every part it covers, so it grows with the job: the next one
+    waits at least STATS_SPACING times the last one's duration (here a 20 ms save: 2 s), and a
+    job of fast shards saves once, not after each commit."""
+    import time
+
+    import bulkinfer.commit.committer as committer_module
+
+    cfg, shards, _sink, ledger, stats, committer = _setup(tmp_path)
+    monkeypatch.setattr(committer_module, "STATS_EVERY_S", 0.0)
+    monkeypatch.setattr(committer_module, "STATS_SPACING", 100)
+    saves = []
+    write = ledger.write_private
+
+    def slow_write(name, data):
+        saves.append(name)
+        time.sleep(0.02)
+        write(name, data)
+
+    monkeypatch.setattr(ledger, "write_private", slow_write)
+    committer._stats_every = 0.0
+    LocalRunner(cfg, Doubler(), stats, threading.Event()).run(shards, committer)
+    assert len(ledger.commits()) == 5 and saves == ["stats.json"]
+    assert committer._stats_every >= 100 * 0.02
