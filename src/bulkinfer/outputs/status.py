@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..commit.committer import remaining_work
-from ..commit.ledger import Ledger
+from ..commit.ledger import CommitTally, Ledger
 from ..core.errors import OutputError
 from ..core.layout import ERRORS, SUCCESS
 
@@ -96,10 +98,11 @@ def _describe(where: str, ledger: Ledger | ObjectLedger, complete: bool, error_r
     if plan is None:
         raise OutputError(f"{where}: not a bulkinfer output directory (no _bulkinfer/job.json)")
     shards = plan.shards
-    commits = ledger.commits(repair=False)
-    todo = remaining_work(shards, commits)  # partial commits leave a shard's tail to do
-    rows_planned = sum(s.num_rows for s in shards)
-    rows_committed = sum(c.rows + c.routed for c in commits)
+    tally = CommitTally.of(ledger.iter_commits(repair=False), names=False)  # folded as read
+    todo = remaining_work(shards, tally)  # partial commits leave a shard's tail to do
+    rows_planned = plan.rows
+    rows_committed = tally.rows + tally.routed
+    remaining = len(np.unique(todo.indexes()))
     report = ledger.read_private("report.json")
     holder = ledger.live_holder()
     return {
@@ -109,11 +112,11 @@ def _describe(where: str, ledger: Ledger | ObjectLedger, complete: bool, error_r
         "inputs": len(plan.inputs),
         "column_types": plan.column_types or {},
         "shards_planned": len(shards),
-        "shards_committed": len(shards) - len({s.index for s in todo}),
-        "shards_remaining": len({s.index for s in todo}),
+        "shards_committed": len(shards) - remaining,
+        "shards_remaining": remaining,
         "rows_planned": rows_planned,
         "rows_committed": rows_committed,
-        "rows_remaining": sum(s.num_rows for s in todo),
+        "rows_remaining": todo.rows(),
         "error_records": error_records,
         "complete": complete,
         "running": holder is not None,
