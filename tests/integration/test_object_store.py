@@ -464,3 +464,38 @@ def test_an_object_store_without_credentials_is_one_line_for_every_command(s3job
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"bulkinfer: error: {out}") and "NoCredentialsError" in line and "credentials" in line
+
+
+def test_a_resume_reads_the_commit_segments_not_every_record(s3job, s3_server, monkeypatch):
+    """Every SEGMENT_RECORDS commits (here 2) a run writes the records it made into one segment;
+    a reader GETs the segments and only the records no segment holds. A lost segment costs only
+    the GETs of its records."""
+    from bulkinfer.commit import objledger
+    from bulkinfer.commit.objledger import ObjectLedger
+    from bulkinfer.sinks.objects import ObjectStore
+
+    monkeypatch.setattr(objledger, "SEGMENT_RECORDS", 2)
+    config, bucket = s3job
+    run_job(config())
+    keys = s3_server.keys(bucket, "out/_bulkinfer/")
+    segments = [k for k in keys if "/segments/" in k]
+    assert len(segments) == 3  # 2 + 2 records while running, the last one when the run ended
+    records = sorted(k.removeprefix("out/") for k in keys if "/commits/" in k)
+    store = ObjectStore(f"s3://{bucket}/out", s3_server.options)
+    fetched: list[str] = []
+    get_many = store.get_many
+
+    def counted(wanted):
+        fetched.extend(wanted)
+        return get_many(wanted)
+
+    store.get_many = counted
+    got = ObjectLedger(store).commits()
+    assert [(c.shard, c.start, c.stop, c.rows) for c in got] == [(i, 50 * i, 50 * i + 50, 50) for i in range(5)]
+    assert sorted(fetched) == sorted(k.removeprefix("out/") for k in segments)  # no record read alone
+    s3_server.client().delete_object(Bucket=bucket, Key=segments[0])
+    fetched.clear()
+    again = ObjectLedger(store).commits()
+    assert again == got
+    alone = sorted(k for k in fetched if "/commits/" in k)
+    assert len(alone) == 2 and set(alone) <= set(records)  # the lost segment's two records, one by one
