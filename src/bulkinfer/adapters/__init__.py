@@ -165,7 +165,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             from .vllm_generate import VllmGenerateAdapter
 
             return VllmGenerateAdapter(model.location, m, requests=requests)
-        if cfg.runtime.engine == "onnxruntime":
+        if cfg.runtime.engine in ("onnxruntime", "openvino"):
             raise ConfigError("runtime.engine: generation models run on transformers (auto) or vllm")
         if cfg.runtime.precision not in ("fp32", "bf16", "fp16"):
             raise ConfigError("runtime.precision: generation models run in fp32, bf16 or fp16 (int8 is for embeddings)")

@@ -11,10 +11,10 @@ from .base import Section
 
 
 class RuntimeConfig(Section):
-    engine: Literal["auto", "torch", "onnxruntime", "vllm"] = "auto"
-    """Inference engine for neural models: onnxruntime (exported once, cached on disk), torch, or auto:
-    onnxruntime on CPU in fp32/int8, torch for bf16 and on GPUs. Generation models: transformers, or vllm
-    (GPU; pip install bulkinfer[vllm])."""
+    engine: Literal["auto", "torch", "onnxruntime", "openvino", "vllm"] = "auto"
+    """Inference engine for neural models: onnxruntime (exported once, cached on disk), torch, openvino
+    (CPU, fp32; pip install bulkinfer[openvino]), or auto: onnxruntime on CPU in fp32/int8, torch for bf16
+    and on GPUs. Generation models: transformers, or vllm (GPU; pip install bulkinfer[vllm])."""
     precision: Literal["fp32", "bf16", "fp16", "int8", "auto"] = "fp32"
     """fp32; bf16 (torch engine, CPUs with bf16 or GPUs from compute capability 8.0); fp16 (torch engine,
     GPUs); int8 (onnxruntime, per-channel weights); auto: the

@@ -38,7 +38,7 @@ def load_engine(
     keep_fp32: Sequence[str] = (),
     tensorrt: tuple[int, int] | None = None,
 ) -> TransformerEngine:
-    """Load ``model_dir`` on the named engine (``torch`` or ``onnxruntime``). ``spin``:
+    """Load ``model_dir`` on the named engine (``torch``, ``onnxruntime`` or ``openvino``). ``spin``:
     let the engine's threads busy-wait between calls (onnxruntime; off for serving).
     ``tensorrt``: onnxruntime through TensorRT, for batches of up to (rows, tokens)."""
     if name == "torch":
@@ -65,7 +65,19 @@ def load_engine(
                 f"runtime.engine: onnxruntime cannot be imported ({exc}); pip install onnxruntime onnx, "
                 "or set runtime.engine=torch"
             ) from exc
-    raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch or onnxruntime")
+    if name == "openvino":
+        try:
+            from .ov_engine import OpenVinoEngine
+        except ImportError as exc:
+            raise ModelError(
+                f"runtime.engine: openvino cannot be imported ({exc}); pip install 'bulkinfer[openvino]', "
+                "or set runtime.engine=onnxruntime"
+            ) from exc
+        return OpenVinoEngine(
+            model_dir, device=device, threads=threads, precision=precision, model_digest=model_digest,
+            cache_dir=cache_dir or default_cache_dir(),
+        )  # fmt: skip
+    raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch, onnxruntime or openvino")
 
 
 def choose_engine(engine: str, precision: str, device: str, tensorrt: bool = False) -> str:
@@ -81,6 +93,14 @@ def choose_engine(engine: str, precision: str, device: str, tensorrt: bool = Fal
             "runtime.precision: int8 runs on the onnxruntime engine (torch's dynamic int8 is per-tensor "
             "and too lossy); set runtime.engine=onnxruntime"
         )
+    if engine == "openvino":
+        if not device.startswith("cpu"):
+            raise ConfigError(f"runtime.engine: openvino runs on the CPU, not {device}; set runtime.device = cpu")
+        if precision != "fp32":
+            raise ConfigError(
+                f"runtime.precision: {precision} is not built for openvino yet (fp32 only); "
+                "use runtime.engine = onnxruntime for int8, torch for bf16"
+            )
     if engine == "onnxruntime" and precision in ("bf16", "fp16"):
         raise ConfigError(
             f"runtime.precision: {precision} runs on the torch engine (fp16 also on onnxruntime through TensorRT); "
