@@ -282,17 +282,17 @@ def test_this_machines_description_is_what_this_process_executes():
     ("text", "arch", "card", "providers", "expect"),
     [
         (AVX2, "x86_64", None, ["CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "weak kernels",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "weak kernels",
             ("cpu", "torch", "bf16"): "emulated", ("cpu", "torch", "fp16"): "emulated",
             ("cuda", "torch", "fp32/fp16/bf16"): "unavailable"}),
         (SAPPHIRE, "x86_64", T4, ["CUDAExecutionProvider", "CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
             ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
             ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
             ("cuda", "torch", "bf16"): "emulated", ("cuda", "onnxruntime", "fp32"): "native",
             ("cuda", "onnxruntime + tensorrt", "fp32/fp16"): "unavailable"}),
         (GRAVITON, "aarch64", H100, ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
             ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
             ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
             ("cuda", "torch", "bf16"): "native", ("cuda", "onnxruntime", "fp32"): "native",
@@ -307,6 +307,11 @@ def test_the_survey_gives_each_engine_and_precision_its_verdict_per_machine_kind
     found = hardware.survey("cuda", {"torch": "2.13.0", "onnxruntime_providers": providers})
     assert {(r["device"], r["engine"], r["precision"]): r["verdict"] for r in found["precisions"]} == expect
     assert found["isa"] == hardware.isa_key() and found["gpu"] == card
+    with_openvino = hardware.survey(
+        "cuda", {"torch": "2.13.0", "openvino": "2026.4.1", "onnxruntime_providers": providers}
+    )
+    (row,) = [r for r in with_openvino["precisions"] if r["engine"] == "openvino"]
+    assert (row["verdict"], row["note"]) == ("native", "runtime.engine = openvino (int8 not built yet)")
     notes = {(r["device"], r["precision"]): r["note"] for r in found["precisions"]}
     if text == AVX2:
         assert notes[("cpu", "int8")].startswith("no VNNI: 7-bit weights")

@@ -280,7 +280,7 @@ def _libraries() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     libs: dict[str, Any] = {}
-    for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "vllm"):
+    for name in ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "vllm"):
         try:
             libs[name] = version(name)
         except PackageNotFoundError:
@@ -313,6 +313,10 @@ def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dic
         )
     else:
         add("cpu", "onnxruntime", "int8", "native", "8-bit weights, through the quality gate")
+    if "openvino" in libs:
+        add("cpu", "openvino", "fp32", "native", "runtime.engine = openvino (int8 not built yet)")
+    else:
+        add("cpu", "openvino", "fp32", "unavailable", "pip install 'bulkinfer[openvino]'")
     for precision in ("bf16", "fp16"):
         slow = f"no {precision} instructions: slower than fp32; use fp32 or int8"
         add("cpu", "torch", precision, *(("emulated", slow) if emulated("cpu", precision) else ("native", "gated")))
