@@ -66,6 +66,7 @@ def load_engine(
                 "or set runtime.engine=torch"
             ) from exc
     if name == "openvino":
+        _openvino_runs(device, precision)
         try:
             from .ov_engine import OpenVinoEngine
         except ImportError as exc:
@@ -74,9 +75,8 @@ def load_engine(
                 "or set runtime.engine=onnxruntime"
             ) from exc
         return OpenVinoEngine(
-            model_dir, device=device, threads=threads, precision=precision, model_digest=model_digest,
-            cache_dir=cache_dir or default_cache_dir(),
-        )  # fmt: skip
+            model_dir, threads=threads, model_digest=model_digest, cache_dir=cache_dir or default_cache_dir()
+        )
     raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch, onnxruntime or openvino")
 
 
@@ -94,19 +94,24 @@ def choose_engine(engine: str, precision: str, device: str, tensorrt: bool = Fal
             "and too lossy); set runtime.engine=onnxruntime"
         )
     if engine == "openvino":
-        if not device.startswith("cpu"):
-            raise ConfigError(f"runtime.engine: openvino runs on the CPU, not {device}; set runtime.device = cpu")
-        if precision != "fp32":
-            raise ConfigError(
-                f"runtime.precision: {precision} is not built for openvino yet (fp32 only); "
-                "use runtime.engine = onnxruntime for int8, torch for bf16"
-            )
+        _openvino_runs(device, precision)
     if engine == "onnxruntime" and precision in ("bf16", "fp16"):
         raise ConfigError(
             f"runtime.precision: {precision} runs on the torch engine (fp16 also on onnxruntime through TensorRT); "
             "set runtime.engine=torch"
         )
     return engine
+
+
+def _openvino_runs(device: str, precision: str) -> None:
+    """Refuse what the openvino engine does not run (yet): a GPU, a precision but fp32."""
+    if not device.startswith("cpu"):
+        raise ConfigError(f"runtime.engine: openvino runs on the CPU, not {device}; set runtime.device = cpu")
+    if precision != "fp32":
+        raise ConfigError(
+            f"runtime.precision: {precision} is not built for openvino yet (fp32 only); "
+            "use runtime.engine = onnxruntime for int8, torch for bf16"
+        )
 
 
 def default_cache_dir() -> Path:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, ModelError
+from ..core.errors import ModelError
 from .ort_engine import _build, cache_entry
 
 __all__ = ["OpenVinoEngine"]
@@ -28,17 +28,8 @@ log = logging.getLogger("bulkinfer")
 class OpenVinoEngine:
     """One compiled OpenVINO model, run one batch at a time."""
 
-    def __init__(
-        self, model_dir: str, *, device: str, threads: int, precision: str, model_digest: str, cache_dir: Path
-    ) -> None:
-        if not device.startswith("cpu"):
-            raise ConfigError(f"runtime.engine = openvino runs on the CPU, not {device}; set runtime.device = cpu")
-        if precision != "fp32":
-            raise ConfigError(
-                f"runtime.precision: {precision} is not built for openvino yet (fp32 only); "
-                "use runtime.engine = onnxruntime for int8, torch for bf16"
-            )
-        import openvino as ov
+    def __init__(self, model_dir: str, *, threads: int, model_digest: str, cache_dir: Path) -> None:
+        import openvino as ov  # the device and precision were checked by engines.load_engine
 
         entry = cache_entry(cache_dir, model_digest or model_dir, "fp32", fuse=False)
         if not (entry / "model.onnx").is_file():
