@@ -22,7 +22,7 @@ moved, so no row is inferred twice, and the two parts' names come from their fir
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.records import ShardOutput
 
@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 
     from ..commit.committer import PartStamp
     from ..precision.gate import GateFigures
+    from ..report import RunStats
     from ..sinks import StagedOutput
     from ..sources import Shard
 
-__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput", "Splittable"]
+__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput", "Splittable", "publish_results"]
 
 Emit = Callable[[ShardOutput], None]
 """Takes a finished shard (the local runner calls it from its writer thread)."""
@@ -115,3 +116,16 @@ class Splittable(Protocol):
         """End shard ``index`` at ``at`` or its first row not yet read, whichever is later;
         that row, or None when it is too late. The caller owns the rows from there to ``stop``."""
         ...
+
+
+def publish_results(commit: Committing, results: Sequence[Mapping[str, Any]], stats: RunStats) -> None:
+    """Commit what a worker staged (a call's or task's shards, together when the job allows) and
+    merge the workers' figures (a call's ride on its last result)."""
+    if commit.groups and len(results) > 1:
+        commit.publish_many([r["staged"] for r in results])
+    else:
+        for r in results:
+            commit.publish(r["staged"], r["table"], r["routed"])
+    for r in results:
+        if r["figures"] is not None:
+            stats.merge(r["figures"])

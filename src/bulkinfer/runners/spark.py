@@ -44,7 +44,7 @@ from ..report import RunStats
 from ..sinks import make_sink
 from ..sources import Shard
 from ..spark.session import spark_session
-from .base import Committing, Gate
+from .base import Committing, Gate, publish_results
 from .grouping import Grouper, ShardQueue
 from .worker import Worker
 
@@ -232,14 +232,7 @@ class SparkRunner:
         self.counts["tasks"] += 1
         self.counts["shards"] += len(results)
         self.counts["task_retries"] += answer["attempt"]
-        if commit.groups and len(results) > 1:
-            commit.publish_many([r["staged"] for r in results])
-        else:
-            for r in results:
-                commit.publish(r["staged"], r["table"], r["routed"])
-        for r in results:
-            if r["figures"] is not None:  # a task's, on its last result
-                self.stats.merge(r["figures"])
+        publish_results(commit, results, self.stats)
         if answer["error"] is not None:
             raise answer["error"]
         self.grouper.observe(time.monotonic() - task.sent, len(task.shards))

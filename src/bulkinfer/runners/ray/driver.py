@@ -23,7 +23,7 @@ from ...precision.settle import after_gate
 from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
-from ..base import Committing, Gate
+from ..base import Committing, Gate, publish_results
 from ..grouping import Grouper, ShardQueue
 from ..worker import Worker
 from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit
@@ -307,17 +307,11 @@ class RayRunner:
                 )
                 continue
             fresh.append(result)
-        if commit.groups and len(fresh) > 1:
-            commit.publish_many([r["staged"] for r in fresh])
-        else:
-            for r in fresh:
-                commit.publish(r["staged"], r["table"], r["routed"])
+        publish_results(commit, fresh, self.stats)
         for r in fresh:
             shard = r["staged"].shard
             self.covered.setdefault(shard.index, []).append((shard.start, shard.stop))
             self.rows_left -= shard.num_rows
-            if r["figures"] is not None:  # a call's, on its last result
-                self.stats.merge(r["figures"])
 
     def _is_covered(self, shard: Shard) -> bool:
         """Whether any row of ``shard`` was already committed (by another attempt)."""
