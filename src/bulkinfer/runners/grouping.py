@@ -2,10 +2,11 @@
 them from.
 
 A call has a fixed cost on the driver (a Ray task's round trip and bookkeeping, about a
-millisecond of the driver's CPU; a Spark job's scheduling, tens of milliseconds). With
-shards of seconds each it is nothing; with shards of a few milliseconds it is what limits the
-job. So a call takes several shards when they are fast: as many as fill about
-:data:`CALL_S` of a worker's time, as measured on the calls so far, never more than
+millisecond of the driver's CPU; a Spark job's scheduling, tens of milliseconds, more on a
+busy driver). With shards of seconds each it is nothing; with shards of a few milliseconds it
+is what limits the job. So a call takes several shards when they are fast: as many as fill
+about :data:`CALL_S` of a worker's time, as the worker measured its own time on the calls so
+far (the round trip left out: a fixed cost must not make calls smaller), never more than
 :data:`MOST`, and never more than half a worker's share of the shards still waiting (the
 queue's tail is shared out, not taken by the first worker to ask). The first calls take one
 shard each: nothing is measured yet.
@@ -36,10 +37,10 @@ class Grouper:
     call_s: float = CALL_S
     most: int = MOST
     shard_s: float | None = None
-    """Seconds per shard, a moving average over calls (the round trip included)."""
+    """A worker's seconds per shard, a moving average over calls (round trips left out)."""
 
     def observe(self, seconds: float, shards: int) -> None:
-        """A call of ``shards`` shards took ``seconds`` from hand-off to its answer."""
+        """A call of ``shards`` shards took the worker ``seconds``."""
         if shards < 1 or seconds < 0:
             return
         per = seconds / shards

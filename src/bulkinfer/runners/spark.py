@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..adapters import Adapter, job_setup_context
@@ -72,7 +72,7 @@ def run_task(payload: dict[str, Any]) -> dict[str, Any]:
         tag = f"{payload['tag']}-{ctx.taskAttemptId() if ctx is not None else os.getpid()}"
         answer = worker.process(payload["shards"], payload["name_starts"], tag, payload["stamp"])
     except BulkinferError as exc:
-        return {"results": [], "error": exc, "attempt": attempt}
+        return {"results": [], "error": exc, "attempt": attempt, "seconds": 0.0}
     return {**answer, "attempt": attempt}
 
 
@@ -235,7 +235,7 @@ class SparkRunner:
         publish_results(commit, results, self.stats)
         if answer["error"] is not None:
             raise answer["error"]
-        self.grouper.observe(time.monotonic() - task.sent, len(task.shards))
+        self.grouper.observe(answer["seconds"], len(task.shards))
 
     def _wind_down(self, running: dict[Future[dict[str, Any]], _Task], commit: Committing) -> None:
         """On stop: the shards running get a grace period to finish and be committed; the rest are
@@ -258,10 +258,9 @@ class SparkRunner:
 
 @dataclass(eq=False)
 class _Task:
-    """A group of shards handed to one Spark task, and when."""
+    """A group of shards handed to one Spark task."""
 
     shards: list[Shard]
-    sent: float = field(default_factory=time.monotonic)
 
 
 def _retries(runner: SparkRunner) -> str:

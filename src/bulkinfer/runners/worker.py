@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 from ..adapters import job_setup_context
@@ -81,8 +82,9 @@ class Worker:
         """Run ``shards`` through one local runner (a call of several when shards are fast:
         :mod:`bulkinfer.runners.grouping`), each staged for the driver to commit as it finishes.
         Answers ``results`` (one per shard finished, in order; the last carries the call's
-        figures) and ``error``: what stopped the call, on the shard after the last result; what
-        finished before it is answered all the same."""
+        figures), ``error``: what stopped the call, on the shard after the last result (what
+        finished before it is answered all the same), and ``seconds``: the call's time here, its
+        round trip left out (what the driver sizes the next calls by)."""
         if self.error is not None:
             raise self.error
         names = {(s.index, s.start): n for s, n in zip(shards, name_starts, strict=True)}
@@ -99,6 +101,7 @@ class Worker:
             results.append({"staged": part, "table": table if export else None, "routed": routed, "figures": None})
 
         error: BulkinferError | None = None
+        t0 = time.perf_counter()
         self.runner = runner
         try:
             runner.run(shards, staged)
@@ -112,7 +115,7 @@ class Worker:
             self.runner = None
         if results:
             results[-1]["figures"] = stats.worker_figures()
-        return {"results": results, "error": error}
+        return {"results": results, "error": error, "seconds": time.perf_counter() - t0}
 
     def progress(self) -> dict[int, int]:
         runner = self.runner

@@ -284,7 +284,7 @@ class RayRunner:
             if answer["error"] is not None:
                 failure = answer["error"]
                 break
-            self.grouper.observe(now - attempt.sent, len(attempt.shards))
+            self.grouper.observe(answer["seconds"], len(attempt.shards))
         self._accept(commit, results)  # what came back whole before a failure is committed all the same
         if failure is not None:
             raise failure from None
