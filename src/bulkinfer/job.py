@@ -50,7 +50,7 @@ from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_si
 from .sources import Shard, ShardTable
 
 if TYPE_CHECKING:
-    from .precision.gate import GateFigures
+    from .precision.gate import GateFigures, GateRows
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
@@ -348,8 +348,9 @@ def execute(
         raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
 
-        def gate(figures_of: GateFigures | None = None) -> None:
-            stats.quality = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of)
+        def gate(figures_of: GateFigures | None = None) -> GateRows | None:
+            stats.quality, rows = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of)
+            return rows
 
         runner = make_runner(cfg, job.adapter, stats, stop, backend, ledger)
         runner.start(gate)

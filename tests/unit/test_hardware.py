@@ -185,7 +185,7 @@ def test_precision_auto_takes_nothing_measured_on_another_machine_kind_or_that_f
 def test_tune_tries_big_batches_and_torch_on_a_gpu_small_batches_and_every_engine_on_a_cpu():
     from bulkinfer.precision.tune import PRECISIONS, candidates_for
 
-    assert candidates_for("cpu") == (PRECISIONS, (8, 16, 32, 64))
+    assert candidates_for("cpu") == (PRECISIONS, (8, 16, 32, 64))  # openvino is installed here (the dev extra)
     pairs, sizes = candidates_for("cuda:0")
     assert pairs == (("torch", "fp32"), ("torch", "bf16"), ("torch", "fp16")) and sizes == (64, 128, 256, 512, 1024)
 
@@ -282,17 +282,17 @@ def test_this_machines_description_is_what_this_process_executes():
     ("text", "arch", "card", "providers", "expect"),
     [
         (AVX2, "x86_64", None, ["CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "weak kernels",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "openvino", "int8"): "unavailable", ("cpu", "onnxruntime", "int8"): "weak kernels",
             ("cpu", "torch", "bf16"): "emulated", ("cpu", "torch", "fp16"): "emulated",
             ("cuda", "torch", "fp32/fp16/bf16"): "unavailable"}),
         (SAPPHIRE, "x86_64", T4, ["CUDAExecutionProvider", "CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "openvino", "int8"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
             ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
             ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
             ("cuda", "torch", "bf16"): "emulated", ("cuda", "onnxruntime", "fp32"): "native",
             ("cuda", "onnxruntime + tensorrt", "fp32/fp16"): "unavailable"}),
         (GRAVITON, "aarch64", H100, ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"], {
-            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
+            ("cpu", "onnxruntime", "fp32"): "native", ("cpu", "openvino", "fp32"): "unavailable", ("cpu", "openvino", "int8"): "unavailable", ("cpu", "onnxruntime", "int8"): "native",
             ("cpu", "torch", "bf16"): "native", ("cpu", "torch", "fp16"): "native",
             ("cuda", "torch", "fp32"): "native", ("cuda", "torch", "fp16"): "native",
             ("cuda", "torch", "bf16"): "native", ("cuda", "onnxruntime", "fp32"): "native",
@@ -307,12 +307,17 @@ def test_the_survey_gives_each_engine_and_precision_its_verdict_per_machine_kind
     found = hardware.survey("cuda", {"torch": "2.13.0", "onnxruntime_providers": providers})
     assert {(r["device"], r["engine"], r["precision"]): r["verdict"] for r in found["precisions"]} == expect
     assert found["isa"] == hardware.isa_key() and found["gpu"] == card
-    with_openvino = hardware.survey(
-        "cuda", {"torch": "2.13.0", "openvino": "2026.4.1", "onnxruntime_providers": providers}
-    )
-    (row,) = [r for r in with_openvino["precisions"] if r["engine"] == "openvino"]
-    assert (row["verdict"], row["note"]) == ("native", "runtime.engine = openvino (int8 not built yet)")
-    notes = {(r["device"], r["precision"]): r["note"] for r in found["precisions"]}
+    for libraries, int8 in (({"openvino": "2026.4.1"}, "unavailable"), ({"openvino": "2026.4.1", "nncf": "3.4.0"},
+                            found_int8 := expect[("cpu", "onnxruntime", "int8")])):  # fmt: skip
+        with_openvino = hardware.survey("cuda", {"torch": "2.13.0", **libraries, "onnxruntime_providers": providers})
+        rows = {
+            r["precision"]: (r["verdict"], r["note"]) for r in with_openvino["precisions"] if r["engine"] == "openvino"
+        }
+        assert rows["fp32"] == ("native", "runtime.engine = openvino")
+        # int8 needs nncf; its kernels are weak where ONNX Runtime's are (no VNNI)
+        assert rows["int8"][0] == int8 and ("nncf" in rows["int8"][1]) == (int8 == "unavailable")
+    assert found_int8 in ("native", "weak kernels")
+    notes = {(r["device"], r["precision"]): r["note"] for r in found["precisions"] if r["engine"] != "openvino"}
     if text == AVX2:
         assert notes[("cpu", "int8")].startswith("no VNNI: 7-bit weights")
         assert notes[("cpu", "bf16")] == "no bf16 instructions: slower than fp32; use fp32 or int8"

@@ -172,6 +172,7 @@ class TextEmbeddingAdapter(Adapter):
             tensorrt=(self.tensorrt_rows, self.max_seq_length or 512) if self.tensorrt_rows else None,
         )
         self.runs_on = getattr(self._engine, "runs_on", None)
+        self.build_split: dict[str, float] = dict(getattr(self._engine, "build_split", {}))
 
     def preprocess(self, table: pa.Table) -> list[list[int]]:
         texts = table.column(self.text_column).to_pylist()

@@ -280,7 +280,7 @@ def _libraries() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     libs: dict[str, Any] = {}
-    for name in ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "vllm"):
+    for name in ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "nncf", "tensorrt", "vllm"):
         try:
             libs[name] = version(name)
         except PackageNotFoundError:
@@ -314,9 +314,16 @@ def survey(device: str = "cuda", libraries: dict[str, Any] | None = None) -> dic
     else:
         add("cpu", "onnxruntime", "int8", "native", "8-bit weights, through the quality gate")
     if "openvino" in libs:
-        add("cpu", "openvino", "fp32", "native", "runtime.engine = openvino (int8 not built yet)")
+        add("cpu", "openvino", "fp32", "native", "runtime.engine = openvino")
+        if "nncf" not in libs:
+            add("cpu", "openvino", "int8", "unavailable", "needs nncf: pip install 'bulkinfer[openvino]'")
+        elif emulation_warning("cpu", "int8"):
+            add("cpu", "openvino", "int8", "weak kernels", "no VNNI: int8 weights, activations per group of 64")
+        else:
+            add("cpu", "openvino", "int8", "native", "int8 weights, activations per group of 64; gated")
     else:
         add("cpu", "openvino", "fp32", "unavailable", "pip install 'bulkinfer[openvino]'")
+        add("cpu", "openvino", "int8", "unavailable", "pip install 'bulkinfer[openvino]'")
     for precision in ("bf16", "fp16"):
         slow = f"no {precision} instructions: slower than fp32; use fp32 or int8"
         add("cpu", "torch", precision, *(("emulated", slow) if emulated("cpu", precision) else ("native", "gated")))

@@ -75,7 +75,11 @@ def load_engine(
                 "or set runtime.engine=onnxruntime"
             ) from exc
         return OpenVinoEngine(
-            model_dir, threads=threads, model_digest=model_digest, cache_dir=cache_dir or default_cache_dir()
+            model_dir,
+            threads=threads,
+            model_digest=model_digest,
+            cache_dir=cache_dir or default_cache_dir(),
+            precision=precision,
         )
     raise ConfigError(f"runtime.engine: unknown engine {name!r}; choose torch, onnxruntime or openvino")
 
@@ -104,13 +108,13 @@ def choose_engine(engine: str, precision: str, device: str, tensorrt: bool = Fal
 
 
 def _openvino_runs(device: str, precision: str) -> None:
-    """Refuse what the openvino engine does not run (yet): a GPU, a precision but fp32."""
+    """Refuse what the openvino engine does not run: a GPU, a precision but fp32 and int8."""
     if not device.startswith("cpu"):
         raise ConfigError(f"runtime.engine: openvino runs on the CPU, not {device}; set runtime.device = cpu")
-    if precision != "fp32":
+    if precision not in ("fp32", "int8"):
         raise ConfigError(
-            f"runtime.precision: {precision} is not built for openvino yet (fp32 only); "
-            "use runtime.engine = onnxruntime for int8, torch for bf16"
+            f"runtime.precision: {precision} is not built for openvino (fp32 and int8 are); "
+            "use runtime.engine = torch for bf16 and fp16"
         )
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     GateFigures = Callable[[JobConfig, Adapter, ResolvedModel, Sequence[Shard]], dict[str, Any]]
 
 __all__ = [
+    "GateRows",
     "compare_embeddings",
     "job_quality_gate",
     "partial_int8",
@@ -50,6 +52,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("bulkinfer")
+
+
+@dataclass(frozen=True)
+class GateRows:
+    """The gate's sample rows (the model's input columns) and the results the job's own build
+    gave them: output rows already computed, which the run takes instead of inferring them again."""
+
+    inputs: pa.Table
+    outputs: dict[str, pa.Array]
 
 
 def sample_shards(shards: Sequence[Shard], spread: int = 16) -> list[Shard]:
@@ -121,10 +132,15 @@ def quality_gate(
     floor: float,
     precision: str,
     threads: int,
+    outputs: dict[str, pa.Array] | None = None,
 ) -> dict[str, Any]:
-    """Compare ``candidate`` (set up) with ``reference`` (fp32, set up here) on ``sample``; raise below ``floor``."""
+    """Compare ``candidate`` (set up) with ``reference`` (fp32, set up here) on ``sample``; raise
+    below ``floor``. ``outputs``, when given, receives the candidate's results (output rows)."""
     reference.setup(SetupContext(threads=threads))
-    got = run_adapter(candidate, sample, batch_size)
+    columns = predict_table(candidate, sample, batch_size)
+    got = {name: to_numpy_column(col) for name, col in columns.items()}
+    if outputs is not None:
+        outputs.update(columns)
     ref = run_adapter(reference, sample, batch_size)
     reference.close()
     figures: dict[str, Any] = {"precision": precision, "reference": "fp32", "rows": sample.num_rows, "floor": floor}
@@ -172,28 +188,30 @@ def job_quality_gate(
     shards: Sequence[Shard],
     ledger: OutputLedger,
     figures_of: GateFigures | None = None,
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any] | None, GateRows | None]:
     """The gate for a job with a lowered precision, on its own rows; once per output and floor
     (the figures are kept in ``_bulkinfer/quality.json``). None for fp32. ``figures_of``:
-    where the figures are computed (default :func:`gate_figures`, in this process)."""
+    where the figures are computed (default :func:`gate_figures`, in this process). With the
+    figures, the sample rows and their results when they were computed here (:class:`GateRows`)."""
     rt = cfg.runtime
     if rt.precision == "fp32":
-        return None
+        return None, None
     cached = ledger.read_private("quality.json")
     if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
-        return cached
+        return cached, None
     t0 = time.perf_counter()
     # a gate run here is kept for this machine kind; one on a cluster's worker is not (its kind is not known here)
     sample = sample_rows(shards, list(adapter.input_columns), rt.quality_sample_rows) if figures_of is None else None
     verdict = verdict_path(cfg, adapter, model, sample) if sample is not None else None
     built_with = sorted(getattr(adapter, "int8_fp32_groups", None) or [])
     figures = _read_verdict(verdict) if verdict is not None else None
+    outputs: dict[str, pa.Array] = {}
     if figures is not None and verdict is not None:
         log.info("quality gate: passed on this machine kind for the same model, settings and sample rows (%s)",
                  verdict.name)  # fmt: skip
     else:  # the rows taken for the key are the gate's (read once)
         figures = (
-            sample_figures(cfg, adapter, model, sample)
+            sample_figures(cfg, adapter, model, sample, outputs)
             if sample is not None
             else (figures_of or gate_figures)(cfg, adapter, model, shards)
         )
@@ -206,7 +224,7 @@ def job_quality_gate(
         figures = {**figures, "cached": False}
     figures["gate_s"] = round(time.perf_counter() - t0, 3)
     ledger.write_private("quality.json", figures)
-    return figures
+    return figures, GateRows(sample, outputs) if sample is not None and outputs else None
 
 
 def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample: pa.Table) -> Path:
@@ -219,7 +237,7 @@ def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample:
     with pa.ipc.new_stream(out, sample.schema) as writer:
         writer.write_table(sample)
     libraries = {}
-    for name in ("onnxruntime", "torch"):
+    for name in ("onnxruntime", "torch", "openvino", "nncf"):
         try:
             libraries[name] = version(name)
         except PackageNotFoundError:
@@ -261,8 +279,15 @@ def gate_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, shards:
     return sample_figures(cfg, adapter, model, sample)
 
 
-def sample_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample: pa.Table) -> dict[str, Any]:
-    """:func:`gate_figures` on rows already taken (a DataFrame's sample, for ``bulkinfer.spark.predict``)."""
+def sample_figures(
+    cfg: JobConfig,
+    adapter: Adapter,
+    model: ResolvedModel,
+    sample: pa.Table,
+    outputs: dict[str, pa.Array] | None = None,
+) -> dict[str, Any]:
+    """:func:`gate_figures` on rows already taken (a DataFrame's sample, for ``bulkinfer.spark.predict``);
+    ``outputs`` receives the results of the build that passed."""
     rt = cfg.runtime
     # the reference is plain fp32: not TensorRT's, whose fp32 may round through TF32
     fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32", "tensorrt": False})})
@@ -277,6 +302,7 @@ def sample_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sampl
             floor=rt.quality_floor,
             precision=rt.precision,
             threads=threads,
+            outputs=outputs,
         )
         kept = getattr(adapter, "int8_fp32_groups", None)
         if rt.precision == "int8" and kept:  # a cached or named choice: say it (Ray's workers build it too)
@@ -284,7 +310,9 @@ def sample_figures(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sampl
     except QualityGateError as failed:
         if not searchable(cfg, adapter):
             raise
-        figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed)
+        if outputs is not None:
+            outputs.clear()  # full int8's: not the build that runs
+        figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed, outputs)
     return figures
 
 
@@ -302,11 +330,17 @@ def searchable(cfg: JobConfig, adapter: Adapter) -> bool:
 
 
 def partial_int8(
-    adapter: Any, reference: Adapter, sample: pa.Table, cfg: JobConfig, digest: str, failed: QualityGateError
+    adapter: Any,
+    reference: Adapter,
+    sample: pa.Table,
+    cfg: JobConfig,
+    digest: str,
+    failed: QualityGateError,
+    outputs: dict[str, pa.Array] | None = None,
 ) -> dict[str, Any]:
     """Full int8 failed the gate: keep the fewest most-sensitive groups in fp32 that pass it
     (:mod:`bulkinfer.engines.int8`), reload ``adapter`` with them, cache the choice; or raise
-    with every build tried when only fp32 would pass."""
+    with every build tried when only fp32 would pass. ``outputs`` receives the kept build's results."""
     from ..engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
 
     rt = cfg.runtime
@@ -324,11 +358,13 @@ def partial_int8(
     order = ([OUTLIERS] if channels else []) + sorted(sens, key=lambda g: -sens[g])
     seconds: dict[int, float] = {}
     found: dict[int, dict[str, float]] = {}
+    results: dict[int, dict[str, pa.Array]] = {}
 
     def score(keep: list[str]) -> float:
         adapter.reload_engine(keep)
         t0 = time.perf_counter()
-        got = run_adapter(adapter, sample, rt.rows_per_call)["embedding"]
+        results[len(keep)] = predict_table(adapter, sample, rt.rows_per_call)
+        got = to_numpy_column(results[len(keep)]["embedding"])
         seconds[len(keep)] = time.perf_counter() - t0
         found[len(keep)] = compare_embeddings(np.stack(list(ref)), np.stack(list(got)))
         return found[len(keep)]["mean_cosine"]
@@ -349,6 +385,8 @@ def partial_int8(
         raise err
     keep = result.keep_fp32
     adapter.reload_engine(keep)
+    if outputs is not None:
+        outputs.update(results[len(keep)])
     figures.update(found[len(keep)])
     figures.update({"passed": True, "int8_fp32_groups": keep})
     cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()

@@ -50,6 +50,8 @@ __all__ = [
 PRECISIONS = (
     ("onnxruntime", "fp32"),
     ("onnxruntime", "int8"),
+    ("openvino", "fp32"),
+    ("openvino", "int8"),
     ("torch", "fp32"),
     ("torch", "bf16"),
     ("torch", "fp16"),
@@ -89,11 +91,17 @@ def _thread_options(device: str) -> list[int]:
 
 def candidates_for(device: str) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...]]:
     """What ``tune`` tries by default on ``device``: every engine/precision pair and small batches
-    on a CPU; on a GPU the torch pairs (onnxruntime runs there only with its CUDA build) and
-    batches from 64 to 1024."""
+    on a CPU (openvino's when it is installed); on a GPU the torch pairs (onnxruntime runs there
+    only with its CUDA build) and batches from 64 to 1024."""
     if device.startswith("cuda"):
         return tuple(p for p in PRECISIONS if p[0] == "torch"), GPU_BATCH_SIZES
-    return PRECISIONS, BATCH_SIZES
+    return tuple(p for p in PRECISIONS if p[0] != "openvino" or _installed("openvino")), BATCH_SIZES
+
+
+def _installed(name: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(name) is not None
 
 
 def tune(
@@ -272,7 +280,9 @@ def auto_precision(cfg: JobConfig, model: Any) -> tuple[str, str, str]:
     from ..core.hardware import emulated, isa_key
 
     rt = cfg.runtime
-    allowed = [(e, p) for e, p in PRECISIONS if rt.engine in ("auto", e) and not emulated(rt.device, p)]
+    allowed = [
+        (e, p) for e, p in candidates_for(rt.device)[0] if rt.engine in ("auto", e) and not emulated(rt.device, p)
+    ]
     fp32_engine = choose_engine(rt.engine, "fp32", rt.device)  # when nothing measured can be taken
     path = results_path(cfg, model.digest)
     measured = _candidates(path)

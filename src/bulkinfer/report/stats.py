@@ -37,6 +37,7 @@ class RunStats:
     rows_failed: int = 0
     rows_reused: int = 0  # results taken from the previous output (incremental)
     rows_deduplicated: int = 0  # results copied from an identical row (dedupe)
+    rows_from_gate: int = 0  # results the quality gate computed on its sample rows
     rows_truncated: int = 0  # texts cut to the model's token limit (model.truncate)
     shards_planned: int = 0
     shards_already_done: int = 0
@@ -93,10 +94,11 @@ class RunStats:
             if len(self.timeline) > TIMELINE_POINTS:  # keep it bounded: every other point, the last one kept
                 self.timeline = self.timeline[-1::-2][::-1]
 
-    def add_reuse(self, previous: int = 0, deduplicated: int = 0) -> None:
+    def add_reuse(self, previous: int = 0, deduplicated: int = 0, gate: int = 0) -> None:
         with self._lock:
             self.rows_reused += previous
             self.rows_deduplicated += deduplicated
+            self.rows_from_gate += gate
 
     def add_truncated(self, rows: int) -> None:
         if rows:
@@ -150,9 +152,10 @@ class RunStats:
         return ", ".join(f"{n} {status}" for status, n in sorted(self.remote_batches.items()))
 
     def _setup_split(self) -> dict[str, float | None]:
-        """Where the set-up went: planning and the rest (``plan_s``), the model's set-up (export,
-        int8 build, load: ``model_s``), the quality gate (``gate_s``); and seconds from the start
-        to the first committed row (``first_commit_s``)."""
+        """Where the set-up went: planning and the rest (``plan_s``), the model's export and int8
+        build when they were not cached (``export_s``, ``build_s``), its load (``load_s``), the
+        quality gate (``gate_s``); and seconds from the start to the first committed row
+        (``first_commit_s``)."""
         parts = {k: round(v, 3) for k, v in self.setup_split.items()}
         plan = max(self.wall_s - self.run_s - sum(self.setup_split.values()), 0.0)
         return {"plan_s": round(plan, 3), **parts, "first_commit_s": self.first_commit_s}
@@ -221,6 +224,7 @@ class RunStats:
             "reuse": {
                 "rows_from_previous": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
+                "rows_from_gate": self.rows_from_gate,
                 "rows_inferred": self.rows_inferred,
                 "dedupe": self.dedupe,
             },

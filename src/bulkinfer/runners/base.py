@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..commit.committer import PartStamp
-    from ..precision.gate import GateFigures
+    from ..precision.gate import GateFigures, GateRows
     from ..report import RunStats
     from ..sinks import StagedOutput
     from ..sources import Shard
@@ -47,9 +47,11 @@ class BatchTimeout(Exception):
 
 class Gate(Protocol):
     """Runs the job's quality gate and keeps its figures; ``figures_of`` computes them
-    elsewhere (a cluster node with the job's device) instead of with this process's model."""
+    elsewhere (a cluster node with the job's device) instead of with this process's model.
+    Returns the sample rows and their results when this process computed them (output rows
+    a runner with the same model may take instead of inferring them again)."""
 
-    def __call__(self, figures_of: GateFigures | None = None) -> None: ...
+    def __call__(self, figures_of: GateFigures | None = None) -> GateRows | None: ...
 
 
 class Committing(Protocol):

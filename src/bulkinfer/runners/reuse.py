@@ -16,6 +16,11 @@ identity); otherwise nothing is reused and the run says why. The previous output
 **Dedupe.** Within a run, a row whose input hash was seen in the same window of rows, or in
 a bounded cache of recent results (``runtime.dedupe_cache_rows``), takes that result.
 
+**The gate's rows.** The quality gate of a lowered precision runs the job's own build over its
+sample rows; the first row of the run with each of those inputs takes that result
+(:meth:`WindowReuse.seed`) instead of being inferred again (``report.json``
+``reuse.rows_from_gate``).
+
 :class:`WindowReuse` makes both decisions for each window a runner reads (:class:`Reuse`);
 the window's assembly (:mod:`bulkinfer.runners.window`) puts the results where they belong.
 """
@@ -350,6 +355,17 @@ class WindowReuse:
         self.previous: PreviousOutput | None = None
         self.dedupe: bool | None = None if cfg.runtime.dedupe == "auto" else bool(cfg.runtime.dedupe)
         self.cache = DedupeCache(cfg.runtime.dedupe_cache_rows)
+        self._seeded: dict[int, int] = {}  # input hash -> row of the gate's results, until taken
+        self._seed_outputs: dict[str, pa.Array] = {}
+
+    def seed(self, inputs: pa.Table, outputs: dict[str, pa.Array]) -> None:
+        """Results already computed by this model for ``inputs`` (the quality gate's sample
+        rows): the first row of the run with each of these inputs takes its result."""
+        if not inputs.num_rows or any(len(col) != inputs.num_rows for col in outputs.values()):
+            return
+        hashes = row_hashes(inputs, self.hash_columns).tolist()
+        self._seeded = {h: i for i, h in reversed(list(enumerate(hashes)))}
+        self._seed_outputs = dict(outputs)
 
     def load_previous(self) -> None:
         """The previous output's index (``source.previous``), once."""
@@ -363,7 +379,7 @@ class WindowReuse:
         if not table.num_rows:
             out.hashes = np.empty(0, dtype=np.uint64)  # a window of no rows (a split shard's empty tail)
             return out
-        if not (self.write_hash or self.previous is not None or self.dedupe is not False):
+        if not (self.write_hash or self.previous is not None or self.dedupe is not False or self._seeded):
             return out
         out.hashes = hashes = row_hashes(table, self.hash_columns)
         todo = np.arange(table.num_rows)
@@ -377,6 +393,8 @@ class WindowReuse:
                     cols = self.previous.take(where[same], self.previous.output_columns, id_col.take(pa.array(pos)))
                     out.reused.append((pos, cols))
                 todo = np.flatnonzero(~same)
+        if self._seeded and len(todo):
+            todo = self._from_gate(todo, hashes, out, stats)
         if self.dedupe is None and len(todo):  # auto: decided once, from the first rows to infer
             self.dedupe = 1 - len(np.unique(hashes[todo])) / len(todo) >= 0.02
             log.info("runtime.dedupe = auto: %s", "on" if self.dedupe else "off")
@@ -385,6 +403,27 @@ class WindowReuse:
         if len(todo) < table.num_rows:
             out.compute = todo
         return out
+
+    def _from_gate(self, todo: np.ndarray, hashes: np.ndarray, out: Reuse, stats: RunStats) -> np.ndarray:
+        """Rows of ``todo`` the gate computed take its results (once each: a later row with the
+        same input goes on to dedupe or the model); the rest are returned."""
+        keys = hashes[todo].tolist()
+        hit = np.fromiter((h in self._seeded for h in keys), bool, len(todo))
+        if not hit.any():
+            return todo
+        at: list[int] = []
+        for pos, h in zip(todo[hit].tolist(), hashes[todo][hit].tolist(), strict=True):
+            i = self._seeded.pop(h, None)
+            if i is None:  # a repeat within this window: its first row took the result
+                hit[np.flatnonzero(todo == pos)] = False
+            else:
+                at.append(i)
+        taken = pa.array(at, pa.int64())
+        out.reused.append((todo[hit], {name: col.take(taken) for name, col in self._seed_outputs.items()}))
+        stats.add_reuse(gate=len(at))
+        if not self._seeded:
+            self._seed_outputs = {}
+        return todo[~hit]
 
     def _dedupe(self, todo: np.ndarray, hashes: np.ndarray, out: Reuse, stats: RunStats) -> np.ndarray:
         """Rows of ``todo`` whose input an earlier window sent to the model take that result (its
