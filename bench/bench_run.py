@@ -37,6 +37,7 @@ VARIANTS = {
     "torch fp32": ["--set", "runtime.engine=torch"],
     "default (onnxruntime fp32)": [],
     "openvino fp32": ["--set", "runtime.engine=openvino"],
+    "openvino int8 (gated)": ["--set", "runtime.engine=openvino", "--set", "runtime.precision=int8"],
     "onnxruntime int8 (gated)": ["--set", "runtime.precision=int8"],
     "onnxruntime int8, outlier channels in fp32": ["--set", "runtime.precision=int8", "--set", OUTLIERS],
     "onnxruntime int8, floor 0.995 (partial int8)": ["--set", "runtime.precision=int8", "--set", FLOOR],
@@ -91,6 +92,13 @@ def bulkinfer(corpus: Path, extra: list[str]) -> dict:
     return json.loads((out / "_bulkinfer" / "report.json").read_text())
 
 
+def steady(rep: dict) -> float:
+    """Rows/s after set-up, over the rows the run itself produced: the rows the quality gate
+    computed during set-up (written, not inferred again) are left out, so a gated precision is
+    not credited with rows it made before the clock started."""
+    return (rep["rows_out"] - rep.get("reuse", {}).get("rows_from_gate", 0)) / rep["run_s"]
+
+
 def limit(corpus: Path) -> float:
     out = sh(sys.executable, str(ROOT / "bench" / "limit_engine.py"), str(corpus))
     return float(re.search(r"rows_per_s=([\d.]+)", out).group(1))  # type: ignore[union-attr]
@@ -128,8 +136,8 @@ def main() -> None:
         for name, extra in variants.items():
             rep = bulkinfer(corpus, extra)
             reports[name] = rep
-            results[name].append(rep["rows_per_s"])
-            line.append(f"{name} {rep['rows_per_s']:.1f} ({rep['rows_per_s'] / a:.2f}x)")
+            results[name].append(steady(rep))
+            line.append(f"{name} {results[name][-1]:.1f} ({results[name][-1] / a:.2f}x)")
         results["bare engine limit"].append(limit(corpus))
         line.append(f"bare engine limit {results['bare engine limit'][-1]:.1f}")
         print("; ".join(line), flush=True)

@@ -68,10 +68,14 @@ def _compress(onnx_path: Path, out: Path) -> float:
     import openvino as ov
 
     t0 = time.perf_counter()
-    nncf.set_log_level(logging.ERROR)  # its progress bars and tables are not bulkinfer's log
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
+    # its progress bar (rich, on stdout) and tables (its logger) are not bulkinfer's output; the
+    # logger's level only (nncf.set_log_level also sets every handler's level, other libraries' included)
+    chatter = logging.getLogger("nncf")
+    level = chatter.level
+    chatter.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress bar (rich, on stdout): not bulkinfer's output
+        with contextlib.redirect_stdout(io.StringIO()):
             model = nncf.compress_weights(ov.Core().read_model(str(onnx_path)), mode=nncf.CompressWeightsMode.INT8_SYM)
         ov.save_model(model, str(work / "model.xml"), compress_to_fp16=False)
         try:
@@ -80,6 +84,7 @@ def _compress(onnx_path: Path, out: Path) -> float:
             if not (out / "model.xml").is_file():
                 raise
     finally:
+        chatter.setLevel(level)
         shutil.rmtree(work, ignore_errors=True)
     return time.perf_counter() - t0
 
