@@ -93,8 +93,8 @@ def test_concurrent_clients_are_merged_into_batches(text_server):
     def client(c: int) -> list[float]:
         worst = []
         with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http:
-            for i in range(50):
-                k = (c * 50 + i) % len(texts)
+            for i in range(20):
+                k = (c * 20 + i) % len(texts)
                 r = http.post(
                     f"{server.url}/v1/embeddings",
                     json={"model": "minilm", "input": texts[k], "encoding_format": "float"},
@@ -104,13 +104,13 @@ def test_concurrent_clients_are_merged_into_batches(text_server):
                 worst.append(float(vec @ ref[k] / np.linalg.norm(vec)))
         return worst
 
-    with ThreadPoolExecutor(32) as pool:
-        cosines = [x for xs in pool.map(client, range(32)) for x in xs]
-    assert len(cosines) == 1600 and min(cosines) >= 0.9999
+    with ThreadPoolExecutor(16) as pool:
+        cosines = [x for xs in pool.map(client, range(16)) for x in xs]
+    assert len(cosines) == 320 and min(cosines) >= 0.9999
     metrics = httpx.get(f"{server.url}/metrics").text
     merged = float(re.search(r"^bulkinfer_serve_batch_requests_sum (\S+)", metrics, re.M).group(1))
     calls = float(re.search(r"^bulkinfer_serve_batch_requests_count (\S+)", metrics, re.M).group(1))
-    assert merged >= 1600 and calls < merged  # fewer model calls than requests: they were merged
+    assert merged >= 320 and calls < merged  # fewer model calls than requests: they were merged
     assert 'bulkinfer_serve_requests_total{endpoint="embeddings",status="200"}' in metrics
     assert 'status="500"' not in metrics
 

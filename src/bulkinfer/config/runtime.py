@@ -13,11 +13,11 @@ from .base import Section
 class RuntimeConfig(Section):
     engine: Literal["auto", "torch", "onnxruntime", "openvino", "vllm"] = "auto"
     """Inference engine for neural models: onnxruntime (exported once, cached on disk), torch, openvino
-    (CPU, fp32; pip install bulkinfer[openvino]), or auto: onnxruntime on CPU in fp32/int8, torch for bf16
-    and on GPUs. Generation models: transformers, or vllm (GPU; pip install bulkinfer[vllm])."""
+    (CPU, fp32 and int8; pip install bulkinfer[openvino]), or auto: onnxruntime on CPU in fp32/int8, torch
+    for bf16 and on GPUs. Generation models: transformers, or vllm (GPU; pip install bulkinfer[vllm])."""
     precision: Literal["fp32", "bf16", "fp16", "int8", "auto"] = "fp32"
     """fp32; bf16 (torch engine, CPUs with bf16 or GPUs from compute capability 8.0); fp16 (torch engine,
-    GPUs); int8 (onnxruntime, per-channel weights); auto: the
+    GPUs); int8 (onnxruntime: dynamic, per-channel weights; openvino: NNCF int8 weights); auto: the
     fastest precision whose quality gate passed in `bulkinfer tune`'s measurements for this model on this
     kind of machine (a short calibration on the job's rows the first time, kept), never one emulated here."""
     cache_dir: str | None = None
