@@ -59,7 +59,7 @@ def test_seeded_rows_come_before_dedupe_and_dedupe_copies_the_rest():
     assert stats.rows_from_gate == 1 and stats.rows_deduplicated == 1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.sampled_from("abcdefgh"), min_size=0, max_size=6, unique=True),
     st.lists(st.lists(st.sampled_from("abcdefghij"), max_size=8), max_size=4),
