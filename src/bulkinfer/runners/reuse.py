@@ -408,16 +408,15 @@ class WindowReuse:
         """Rows of ``todo`` the gate computed take its results (once each: a later row with the
         same input goes on to dedupe or the model); the rest are returned."""
         keys = hashes[todo].tolist()
-        hit = np.fromiter((h in self._seeded for h in keys), bool, len(todo))
-        if not hit.any():
-            return todo
+        hit = np.zeros(len(todo), bool)
         at: list[int] = []
-        for pos, h in zip(todo[hit].tolist(), hashes[todo][hit].tolist(), strict=True):
-            i = self._seeded.pop(h, None)
-            if i is None:  # a repeat within this window: its first row took the result
-                hit[np.flatnonzero(todo == pos)] = False
-            else:
-                at.append(i)
+        for i, h in enumerate(keys):
+            row = self._seeded.pop(h, None)  # a repeat within this window finds it taken by its first row
+            if row is not None:
+                hit[i] = True
+                at.append(row)
+        if not at:
+            return todo
         taken = pa.array(at, pa.int64())
         out.reused.append((todo[hit], {name: col.take(taken) for name, col in self._seed_outputs.items()}))
         stats.add_reuse(gate=len(at))
