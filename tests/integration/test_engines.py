@@ -173,6 +173,8 @@ def test_openvino_gives_sentence_transformers_embeddings_and_keeps_its_compiled_
                                                          "runtime.quality_floor": 0.995})  # fmt: skip
     assert again.report["quality"]["cached"] is True and "build_s" not in again.report["setup_split"]
     for extra, said in (({"runtime.precision": "bf16"}, "bf16 is not built for openvino (fp32 and int8 are)"),
-                        ({"runtime.device": "cuda"}, "openvino runs on the CPU, not cuda")):  # fmt: skip
+                        ({"runtime.device": "cuda"}, "openvino runs on the CPU, not cuda"),
+                        ({"runtime.precision": "int8", "runtime.int8_fp32_groups": ["outlier-channels"]},
+                         "runtime.int8_fp32_groups: applies to onnxruntime's int8")):  # fmt: skip
         with pytest.raises(ConfigError, match=re.escape(said)):
             _run(corpus, "ov-refused", int8_cache, **{"runtime.engine": "openvino", **extra})

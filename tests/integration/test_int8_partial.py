@@ -107,6 +107,9 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
                     + (f" against fp32's {fp32.rows_per_s}" if fastest is int8 else "")
                     + f" (measured by bulkinfer tune, {results_path(cfg, resolve(cfg))}){left})"]  # fmt: skip
     assert auto.report["rows_out"] == 120
+    # the search's choice is onnxruntime's: openvino's int8 (built whole) is neither built nor labelled with it
+    _fp32, ov = tune(cfg, 64, (16,), precisions=(("openvino", "fp32"), ("openvino", "int8"))).candidates
+    assert ov.precision == "int8" and ov.int8_fp32_groups is None and "block(s)" not in ov.note
 
 
 def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny, caplog):

@@ -210,8 +210,16 @@ def _refuse_remote_settings(m: ModelConfig) -> None:
 
 def _int8_groups(cfg: JobConfig, model: ResolvedModel) -> list[str] | None:
     """int8's groups kept in fp32: the job's own, else what the gate's search chose earlier
-    for this model, machine kind and floor (cached beside the compiled models)."""
+    for this model, machine kind and floor (cached beside the compiled models). ONNX Runtime's
+    int8 only: openvino's is built whole (its weight compression keeps no block in fp32)."""
     rt = cfg.runtime
+    if rt.engine == "openvino":
+        if rt.int8_fp32_groups:
+            raise ConfigError(
+                "runtime.int8_fp32_groups: applies to onnxruntime's int8; openvino's int8 is built whole "
+                "(drop it, or set runtime.engine = onnxruntime)"
+            )
+        return None
     if rt.int8_fp32_groups is not None or rt.precision != "int8":
         return rt.int8_fp32_groups
     from ..engines import default_cache_dir
