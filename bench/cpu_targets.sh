@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The CPU speed targets in one go, for the machine it runs on (each script prints the CPU's
+# flags first; run it on each machine kind, never under a CPUID mask for a figure that counts):
+#   - gate-passing int8 and both engines against the sentence-transformers script, 12,000 and 3,000 rows
+#   - time to the first committed row, cold and warm, int8 against fp32
+#   - the Ray backend against the Ray Data pattern
+# Usage: bash bench/cpu_targets.sh [OUT_DIR]   (default bench/_work/targets; ~40 minutes on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-bench/_work/targets}"
+mkdir -p "$out"
+py=.venv/bin/python
+$py bench/bench_run.py 12000 --repeat 3 --only "default,onnxruntime int8 (gated),openvino" | tee "$out/run-12000.txt"
+$py bench/bench_run.py 3000 --repeat 3 --only "default,onnxruntime int8 (gated),openvino,ray" | tee "$out/run-3000.txt"
+$py bench/bench_cold.py 3000 | tee "$out/cold-3000.txt"
+echo "figures in $out/"
