@@ -121,7 +121,6 @@ class OpenVinoEngine:
             raise ModelError(f"{model_dir}: OpenVINO cannot compile the exported model ({exc})") from exc
         self._request = self._compiled.create_infer_request()
         self._output = self._compiled.output(0)
-        self.path = source
         self.runs_on = f"openvino/CPU ({ov.__version__.split('-')[0]})"
         log.debug("openvino: compiled %s in %.1f s", source, time.perf_counter() - t0)
 

@@ -135,18 +135,18 @@ def quality_gate(
     outputs: dict[str, pa.Array] | None = None,
 ) -> dict[str, Any]:
     """Compare ``candidate`` (set up) with ``reference`` (fp32, set up here) on ``sample``; raise
-    below ``floor``. ``outputs``, when given, receives the candidate's results (output rows)."""
+    below ``floor``. ``outputs``, when given, receives the candidate's results (output rows) if it passes."""
     reference.setup(SetupContext(threads=threads))
     columns = predict_table(candidate, sample, batch_size)
     got = {name: to_numpy_column(col) for name, col in columns.items()}
-    if outputs is not None:
-        outputs.update(columns)
     ref = run_adapter(reference, sample, batch_size)
     reference.close()
     figures: dict[str, Any] = {"precision": precision, "reference": "fp32", "rows": sample.num_rows, "floor": floor}
     name = "embedding" if "embedding" in got else next(iter(got), None)
     if name is None or sample.num_rows == 0:
         figures["passed"] = True
+        if outputs is not None:
+            outputs.update(columns)
         return figures
     a, b = np.asarray(ref[name]), np.asarray(got[name])
     if a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
@@ -178,6 +178,8 @@ def quality_gate(
         )
         err.figures = figures
         raise err
+    if outputs is not None:
+        outputs.update(columns)
     return figures
 
 
@@ -310,8 +312,6 @@ def sample_figures(
     except QualityGateError as failed:
         if not searchable(cfg, adapter):
             raise
-        if outputs is not None:
-            outputs.clear()  # full int8's: not the build that runs
         figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed, outputs)
     return figures
 
