@@ -10,6 +10,9 @@ The schemes (all per-channel weights, u8 activations quantized per call, MatMuls
 - s8 weights, 7 bits (``reduce_range``): the same kernels, no saturation, half the steps;
 - u8 weights, 8 bits: the u8u8 kernels (on AVX2 widened to 16 bits before vpmaddwd: no
   saturation, full 8-bit steps, fewer products per instruction).
+Then ONNX Runtime's block-wise weight quantization: MatMulNBits with 8-bit symmetric weights
+in blocks (of 32 and of 128 input channels) and int8 compute (``accuracy_level`` 4, MLAS's
+SQNBitGemm kernels), the fused Attention nodes' QKV in dynamic int8 (QAttention) or in fp32.
 Beside them, the plain export bulkinfer used before the attention fusion (sdpa attention,
 ONNX Runtime's basic optimizations) in fp32 and in bulkinfer's int8 scheme: what the fused
 graph (EmbedLayerNormalization, Attention -> QAttention, BiasGelu) gains; and bulkinfer's
@@ -41,6 +44,8 @@ SCHEMES = {  # name -> (weight type, reduce_range)
     "s8 weights, 7 bits (reduce_range)": ("QInt8", True),
     "u8 weights, 8 bits": ("QUInt8", False),
 }
+NBITS_BLOCKS = (32, 128)
+"""Block sizes of the MatMulNBits 8-bit builds (issue 35 item 2's lead: block-wise weights with int8 compute)."""
 
 
 def quantize(fp32: Path, out: Path, weight_type: str, reduce_range: bool) -> None:
@@ -50,6 +55,30 @@ def quantize(fp32: Path, out: Path, weight_type: str, reduce_range: bool) -> Non
         str(fp32), str(out), weight_type=getattr(QuantType, weight_type), per_channel=True, reduce_range=reduce_range,
         extra_options={"DefaultTensorType": 1},  # fp32: the fused graph's contrib ops have no inferred types
     )  # fmt: skip
+
+
+def nbits8(fp32: Path, out: Path, block: int, attention_int8: bool = True) -> Path:
+    """Block-wise 8-bit weights in ONNX Runtime's MatMulNBits (symmetric, ``block`` input channels
+    a scale, int8 compute: ``accuracy_level`` 4) for every MatMul; a fused Attention node's QKV
+    product, which MatMulNBits cannot take, goes to dynamic int8 (QAttention) when
+    ``attention_int8``, else stays fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from bulkinfer.core.hardware import int8_scheme
+
+    src = fp32
+    if attention_int8:
+        src = out.with_suffix(".attention.onnx")
+        quantize_dynamic(
+            str(fp32), str(src), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["Attention"],
+            reduce_range=int8_scheme()["reduce_range"], extra_options={"DefaultTensorType": 1},
+        )  # fmt: skip
+    q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=block, is_symmetric=True, accuracy_level=4)
+    q.process()
+    q.model.save_model_to_file(str(out), use_external_data_format=False)
+    return out
 
 
 def plain(model_dir: str, out: Path) -> None:
@@ -88,6 +117,11 @@ def main() -> None:
         for name, (weights, reduce_range) in SCHEMES.items():
             models[name] = work / f"{weights}-{reduce_range}.onnx"
             quantize(fp32_path, models[name], weights, reduce_range)
+        for block in NBITS_BLOCKS:
+            models[f"MatMulNBits 8-bit, blocks of {block}"] = nbits8(fp32_path, work / f"nbits{block}.onnx", block)
+        models["MatMulNBits 8-bit, blocks of 32, attention fp32"] = nbits8(
+            fp32_path, work / "nbits32-fp32-attention.onnx", 32, attention_int8=False
+        )
         models["fp32, plain export"] = work / "plain.onnx"
         plain(resolve_model(cfg).location, models["fp32, plain export"])
         models[f"{ours}, plain export"] = work / "plain-int8.onnx"

@@ -4,7 +4,8 @@
 #   - gate-passing int8 and both engines against the sentence-transformers script, 12,000 and 3,000 rows
 #   - time to the first committed row, cold and warm, int8 against fp32
 #   - the Ray backend against the Ray Data pattern
-# Usage: bash bench/cpu_targets.sh [OUT_DIR]   (default bench/_work/targets; ~40 minutes on 2 cores)
+#   - where the int8 graph's time goes, per op type, and the int8 schemes side by side (issue 35 item 2)
+# Usage: bash bench/cpu_targets.sh [OUT_DIR]   (default bench/_work/targets; ~45 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench/_work/targets}"
@@ -13,4 +14,6 @@ py=.venv/bin/python
 $py bench/bench_run.py 12000 --repeat 3 --only "default,onnxruntime int8 (gated),openvino" | tee "$out/run-12000.txt"
 $py bench/bench_run.py 3000 --repeat 3 --only "default,onnxruntime int8 (gated),openvino,ray" | tee "$out/run-3000.txt"
 $py bench/bench_cold.py 3000 | tee "$out/cold-3000.txt"
+$py bench/profile_ops.py 1000 | tee "$out/profile-ops.txt"
+$py bench/bench_int8_schemes.py 1000 --repeat 3 | tee "$out/int8-schemes.txt"
 echo "figures in $out/"
