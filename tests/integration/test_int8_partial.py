@@ -43,10 +43,15 @@ def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them
     q = first.report["quality"]
     keep = q["int8_fp32_groups"]
     assert q["passed"] and q["mean_cosine"] >= floor and q["full_int8_mean_cosine"] == full
-    # first the feed-forward blocks' outlier channels, then the most sensitive blocks
-    assert keep[0] == OUTLIERS and 1 <= len(keep) < 7 and set(keep[1:]) <= set(q["sensitivity"])
+    # first the feed-forward blocks' outlier channels (unless they score no closer than full int8
+    # on this machine's kernels: then dropped), then the most sensitive blocks
+    dropped = q.get("int8_search_dropped", [])
+    assert q["int8_search"][0]["groups"] == [OUTLIERS]
+    assert (dropped == [OUTLIERS]) == (q["int8_search"][0]["mean_cosine"] <= full)
+    blocks = [g for g in keep if g != OUTLIERS]
+    assert (keep[0] == OUTLIERS) != bool(dropped) and 1 <= len(keep) < 7 and set(blocks) <= set(q["sensitivity"])
     order = sorted(q["sensitivity"], key=lambda g: -q["sensitivity"][g])
-    assert keep[1:] == order[: len(keep) - 1]
+    assert blocks == order[: len(blocks)]
     fewer = [s for s in q["int8_search"] if s["fp32_groups"] < len(keep)]
     assert not any(s["passed"] for s in fewer)  # no smaller set passed (full int8 did not: full < floor)
     assert first.report["rows_out"] == 120
@@ -63,9 +68,35 @@ def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
     msg = str(err.value)
     assert "even with its most sensitive parts kept in fp32" in msg and "floor 0.99999999" in msg
     steps = err.value.figures["int8_search"]
-    # the outlier channels and 6 blocks: 7 groups, of which at most 6 in fp32
-    assert [s["fp32_groups"] for s in steps] == [1, 2, 4, 6] and not any(s["passed"] for s in steps)
+    # the outlier channels and 6 blocks: 7 groups, of which at most 6 in fp32 (the channels
+    # dropped: 6 blocks, at most 5)
+    counts = [1, 1, 2, 4, 5] if err.value.figures.get("int8_search_dropped") else [1, 2, 4, 6]
+    assert [s["fp32_groups"] for s in steps] == counts and not any(s["passed"] for s in steps)
+    assert "outlier channels in fp32: " in msg and "blocks in fp32: " in msg
     assert not list((tiny[0] / "strict").glob("part-*"))  # nothing written
+
+
+def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_alone(tiny, tmp_path, monkeypatch):
+    """Where the outlier split scores no closer to fp32 than full int8 (measured on a real AVX2
+    core for this tiny model), the search drops it: the blocks, ranked again with every channel
+    in int8, are searched alone. Forced here: full int8 is taken to have scored 1.0."""
+    from bulkinfer.engines import int8
+
+    real = int8.search
+    monkeypatch.setattr(int8, "search", lambda order, score, floor, baseline=None, without_first=None: real(
+        order, score, floor, None if baseline is None else 1.0, without_first))  # fmt: skip
+    full = run(tiny, "full-2", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+    floor = round(full + (1 - full) / 2, 6)
+    got = run(tiny, "blocks", **{"runtime.quality_floor": floor, "runtime.cache_dir": str(tmp_path / "cache")})
+    q = got.report["quality"]
+    assert q["passed"] and q["mean_cosine"] >= floor and q["int8_search_dropped"] == [OUTLIERS]
+    steps = q["int8_search"]
+    assert steps[0]["groups"] == [OUTLIERS] and all(OUTLIERS not in s["groups"] for s in steps[1:])
+    order = sorted(q["sensitivity"], key=lambda g: -q["sensitivity"][g])
+    keep = q["int8_fp32_groups"]
+    assert OUTLIERS not in keep and keep == order[: len(keep)] and steps[-1]["seconds"] > 0
+    assert not any(s["passed"] for s in steps if len(s["groups"]) < len(keep) and OUTLIERS not in s["groups"])
+    assert got.report["rows_out"] == 120 and got.report["reuse"]["rows_from_gate"] == 64
 
 
 def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that_passed(tiny, caplog):

@@ -33,6 +33,41 @@ def test_search_refuses_when_only_fp32_would_pass():
     assert not any(s["passed"] for s in found.steps)
 
 
+RANKED = [OUTLIERS, "b0", "b1", "b2", "b3", "b4"]
+
+
+def test_a_first_group_that_buys_nothing_is_dropped_and_the_blocks_are_searched_alone():
+    """The outlier channels scored no higher than full int8 here: the search starts again over
+    the blocks as re-ranked without them, and never builds them with a block again."""
+    scores = {(OUTLIERS,): 0.9950}  # full int8: 0.9955; the floor needs two blocks of the new order
+    built = []
+
+    def score(keep):
+        built.append(keep)
+        return scores.get(tuple(keep), 0.9955 + 0.0002 * len(keep))
+
+    found = search(RANKED, score, floor=0.9959, baseline=0.9955, without_first=lambda: ["b3", "b0", "b1", "b2", "b4"])
+    assert found.dropped == [OUTLIERS] and found.order == ["b3", "b0", "b1", "b2", "b4"]
+    assert found.keep_fp32 == ["b3", "b0"]
+    assert built[0] == [OUTLIERS] and all(OUTLIERS not in k for k in built[1:])
+    assert [s["groups"] for s in found.steps] == built and [s["passed"] for s in found.steps] == [False, False, True]
+
+
+@pytest.mark.parametrize(("first", "floor", "keep"), [
+    (0.9960, 0.9958, [OUTLIERS]),  # it passes alone
+    (0.9957, 0.9990, None),  # it helps (above full int8): kept first in every build; nothing passes
+    (0.9957, 0.9959, [OUTLIERS, "b0"]),
+])  # fmt: skip
+def test_a_first_group_that_helps_is_kept(first, floor, keep):
+    def score(keep):
+        return first + 0.0002 * (len(keep) - 1) if keep[0] == OUTLIERS else 0.0
+
+    found = search(RANKED, score, floor=floor, baseline=0.9955, without_first=lambda: pytest.fail("dropped"))
+    assert found.keep_fp32 == keep and found.dropped == [] and found.order == RANKED
+    assert all(s["groups"][0] == OUTLIERS for s in found.steps)
+    assert len({tuple(s["groups"]) for s in found.steps}) == len(found.steps)  # each build once
+
+
 def test_groups_and_sensitivities_of_an_exported_bert(tmp_path):
     import torch
     from transformers import BertConfig, BertModel
@@ -65,8 +100,8 @@ def test_groups_and_sensitivities_of_an_exported_bert(tmp_path):
 
 
 def test_tunes_table_says_what_an_int8_candidate_keeps_in_fp32():
-    from bulkinfer.cli import _kept
+    from bulkinfer.engines.int8 import kept_in_words as _kept
 
     assert _kept([OUTLIERS]) == "outlier channels"
     assert _kept([OUTLIERS, "layer.3/intermediate", "layer.4/intermediate"]) == "outlier channels + 2 blocks"
-    assert _kept(["layer.0/output"]) == "1 block"
+    assert _kept(["layer.0/output"]) == "1 block" and _kept([]) == "nothing"

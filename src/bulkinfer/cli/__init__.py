@@ -9,14 +9,14 @@ from .common import _fields_epilog, _LineFormat, app
 from .outputs import compare, costs, index, inspect, report
 from .run import run
 from .serve import serve
-from .tune import _kept, machine, tune
+from .tune import machine, tune
 
 # the commands, in the order --help lists them
 app.command(epilog=_fields_epilog())(run)
 for command in (tune, machine, serve, inspect, index, compare, report, costs):
     app.command()(command)
 
-__all__ = ["_LineFormat", "_kept", "app", "main"]
+__all__ = ["_LineFormat", "app", "main"]
 
 
 def main() -> None:

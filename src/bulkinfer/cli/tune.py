@@ -14,21 +14,11 @@ import typer
 from ..config import load_config
 from ..core.errors import BulkinferError
 from ..core.hardware import quiet_tokenizers
+from ..engines.int8 import kept_in_words
 from .common import (
     _fail,
     _setup_logging,
 )
-
-
-def _kept(groups: list[str]) -> str:
-    """What an int8 candidate keeps in fp32, in a few words: "outlier channels + 2 blocks"."""
-    from ..engines.int8 import OUTLIERS
-
-    blocks = [g for g in groups if g != OUTLIERS]
-    words = ["outlier channels"] if OUTLIERS in groups else []
-    if blocks:
-        words.append(f"{len(blocks)} block{'s' if len(blocks) > 1 else ''}")
-    return " + ".join(words)
 
 
 def tune(
@@ -99,7 +89,7 @@ def tune(
         q = c.quality or {}
         table.add_row(
             c.engine,
-            c.precision + (f" ({_kept(c.int8_fp32_groups)} fp32)" if c.int8_fp32_groups else ""),
+            c.precision + (f" ({kept_in_words(c.int8_fp32_groups)} fp32)" if c.int8_fp32_groups else ""),
             str(c.batch_size) if c.batch_size else "-",  # a candidate not measured here (emulated) has none
             str(c.threads) if c.batch_size else "-",
             str(c.processes) + (f" ({c.cpu_per_wall} CPU s/s)" if c.cpu_per_wall is not None else ""),

@@ -40,6 +40,7 @@ __all__ = [
     "cached_plan",
     "ffn_blocks",
     "group_of",
+    "kept_in_words",
     "layer_groups",
     "node_groups",
     "outlier_channels",
@@ -63,10 +64,21 @@ def group_of(node_name: str) -> str:
 QUANTIZED = ("MatMul", "Attention")
 OUTLIERS = "outlier-channels"
 """The group that is no block: each feed-forward block's largest intermediate channels in fp32."""
-SEARCH = 2
-"""The search's version, part of its cache key: a better search gets its chance (2: outlier channels first)."""
+SEARCH = 3
+"""The search's version, part of its cache key: a better search gets its chance (2: outlier channels
+first; 3: dropped where they score no higher than full int8)."""
 OUTLIER_SHARE = 192
 """One intermediate channel in this many goes the fp32 way (at least one per block)."""
+
+
+def kept_in_words(groups: Sequence[str]) -> str:
+    """What an int8 build keeps in fp32, in a few words: "outlier channels + 2 blocks"
+    ("nothing": full int8)."""
+    blocks = [g for g in groups if g != OUTLIERS]
+    words = ["outlier channels"] if OUTLIERS in groups else []
+    if blocks:
+        words.append(f"{len(blocks)} block{'s' if len(blocks) > 1 else ''}")
+    return " + ".join(words) or "nothing"
 
 
 def node_groups(graph: Any) -> dict[str, str]:
@@ -310,28 +322,53 @@ def split_outliers(model: Any, channels: dict[str, list[int]]) -> list[str]:
 
 @dataclass
 class Search:
-    """The outcome: the groups kept in fp32 (None: no int8 passes), and every build tried."""
+    """The outcome: the groups kept in fp32 (None: no int8 passes), every build tried, the
+    order searched last, and the groups dropped from it for buying nothing."""
 
     keep_fp32: list[str] | None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
-def search(order: Sequence[str], score: Callable[[list[str]], float], floor: float) -> Search:
+def search(
+    order: Sequence[str],
+    score: Callable[[list[str]], float],
+    floor: float,
+    baseline: float | None = None,
+    without_first: Callable[[], Sequence[str]] | None = None,
+) -> Search:
     """Keep the first k groups of ``order`` (most sensitive first) in fp32 for the smallest k
     whose build scores at least ``floor`` (``score(groups) -> mean cosine``): k = 1, 2, 4, ...
     (at most all but one) until one passes, then bisection between the last failing and the
     first passing k.
-    Keeping every group is not int8: when only that would pass, no setting does."""
-    result = Search(None)
-    tried: dict[int, float] = {}
+    Keeping every group is not int8: when only that would pass, no setting does.
+
+    With ``baseline`` (full int8's score) and ``without_first``: when the first group alone
+    fails and scores no higher than ``baseline``, it buys nothing on this machine and model
+    (the outlier split on kernels whose 7-bit weights it does not help), so it is dropped and
+    the search starts again over ``without_first()`` (the other groups, ranked without it)
+    instead of carrying its cost in every later build."""
+    result = Search(None, order=list(order))
+    tried: dict[tuple[str, ...], float] = {}
 
     def passes(k: int) -> bool:
-        if k not in tried:
-            tried[k] = score(list(order[:k]))
-            result.steps.append({"fp32_groups": k, "mean_cosine": tried[k], "passed": tried[k] >= floor})
-        return tried[k] >= floor
+        keep = tuple(result.order[:k])
+        if keep not in tried:
+            tried[keep] = score(list(keep))
+            result.steps.append(
+                {"fp32_groups": k, "groups": list(keep), "mean_cosine": tried[keep], "passed": tried[keep] >= floor}
+            )
+        return tried[keep] >= floor
 
-    n = len(order)
+    if baseline is not None and without_first is not None and len(order) > 1:
+        if passes(1):
+            result.keep_fp32 = result.order[:1]
+            return result
+        if tried[tuple(result.order[:1])] <= baseline:
+            result.dropped = result.order[:1]
+            result.order = list(without_first())
+    n = len(result.order)
     bad, k = 0, 1
     while True:  # k = 1, 2, 4, ... at most n - 1 (n groups in fp32 is fp32)
         if k >= n:
@@ -348,7 +385,7 @@ def search(order: Sequence[str], score: Callable[[list[str]], float], floor: flo
             good = mid
         else:
             bad = mid
-    result.keep_fp32 = list(order[:good])
+    result.keep_fp32 = result.order[:good]
     return result
 
 

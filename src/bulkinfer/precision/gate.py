@@ -341,7 +341,7 @@ def partial_int8(
     """Full int8 failed the gate: keep the fewest most-sensitive groups in fp32 that pass it
     (:mod:`bulkinfer.engines.int8`), reload ``adapter`` with them, cache the choice; or raise
     with every build tried when only fp32 would pass. ``outputs`` receives the kept build's results."""
-    from ..engines.int8 import OUTLIERS, outlier_channels, save_plan, search, sensitivities
+    from ..engines.int8 import OUTLIERS, kept_in_words, outlier_channels, save_plan, search, sensitivities
 
     rt = cfg.runtime
     threads = rt.threads or available_cpus()
@@ -353,29 +353,44 @@ def partial_int8(
     fp32_path = adapter._engine.fp32_path
     # first the feed-forward blocks' outlier channels (cheap, and data-free), then whole blocks
     # by sensitivity, measured with those channels already out of int8
+    reduce_range = int8_scheme()["reduce_range"]
     channels = outlier_channels(fp32_path, str(adapter.layout.transformer_dir), threads)
-    sens = sensitivities(fp32_path, batches, int8_scheme()["reduce_range"], threads, exact=channels)
+    sens = sensitivities(fp32_path, batches, reduce_range, threads, exact=channels)
     order = ([OUTLIERS] if channels else []) + sorted(sens, key=lambda g: -sens[g])
-    seconds: dict[int, float] = {}
-    found: dict[int, dict[str, float]] = {}
-    results: dict[int, dict[str, pa.Array]] = {}
+    seconds: dict[tuple[str, ...], float] = {}
+    found: dict[tuple[str, ...], dict[str, float]] = {}
+    results: dict[tuple[str, ...], dict[str, pa.Array]] = {}
 
     def score(keep: list[str]) -> float:
         adapter.reload_engine(keep)
         t0 = time.perf_counter()
-        results[len(keep)] = predict_table(adapter, sample, rt.rows_per_call)
-        got = to_numpy_column(results[len(keep)]["embedding"])
-        seconds[len(keep)] = time.perf_counter() - t0
-        found[len(keep)] = compare_embeddings(np.stack(list(ref)), np.stack(list(got)))
-        return found[len(keep)]["mean_cosine"]
+        results[tuple(keep)] = predict_table(adapter, sample, rt.rows_per_call)
+        got = to_numpy_column(results[tuple(keep)]["embedding"])
+        seconds[tuple(keep)] = time.perf_counter() - t0
+        found[tuple(keep)] = compare_embeddings(np.stack(list(ref)), np.stack(list(got)))
+        return found[tuple(keep)]["mean_cosine"]
 
-    result = search(order, score, rt.quality_floor)
-    steps = [{**s, "seconds": round(seconds[s["fp32_groups"]], 3)} for s in result.steps]
-    figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": failed.figures.get("mean_cosine"),
-               "int8_search": steps, "sensitivity": {g: round(sens[g], 5) for g in order if g in sens}}  # fmt: skip
+    def blocks_alone() -> list[str]:  # the split bought nothing here: blocks ranked with every channel in int8
+        sens.clear()
+        sens.update(sensitivities(fp32_path, batches, reduce_range, threads))
+        return sorted(sens, key=lambda g: -sens[g])
+
+    full = failed.figures.get("mean_cosine")
+    baseline = float(full) if channels and isinstance(full, (int, float)) else None
+    result = search(order, score, rt.quality_floor, baseline=baseline, without_first=blocks_alone)
+    steps = [{**s, "seconds": round(seconds[tuple(s["groups"])], 3)} for s in result.steps]
+    figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": full, "int8_search": steps,
+               "sensitivity": {g: round(sens[g], 5) for g in result.order if g in sens}}  # fmt: skip
+    if result.dropped:
+        figures["int8_search_dropped"] = result.dropped
+        log.info(
+            "quality gate: keeping the outlier channels in fp32 scores %s, no closer than full int8 (%s) on this "
+            "machine: searched the blocks alone",
+            steps[0]["mean_cosine"], full,
+        )  # fmt: skip
     if result.keep_fp32 is None:
         adapter.reload_engine([])
-        tried = "; ".join(f"{s['fp32_groups']} of {len(order)} groups in fp32: {s['mean_cosine']}" for s in steps)
+        tried = "; ".join(f"{kept_in_words(s['groups'])} in fp32: {s['mean_cosine']}" for s in steps)
         err = QualityGateError(
             f"quality gate: int8 is too far from fp32 on {sample.num_rows} rows of this job even with its most "
             f"sensitive parts kept in fp32 ({tried}; floor {rt.quality_floor}); use fp32, or lower "
@@ -386,8 +401,8 @@ def partial_int8(
     keep = result.keep_fp32
     adapter.reload_engine(keep)
     if outputs is not None:
-        outputs.update(results[len(keep)])
-    figures.update(found[len(keep)])
+        outputs.update(results[tuple(keep)])
+    figures.update(found[tuple(keep)])
     figures.update({"passed": True, "int8_fp32_groups": keep})
     cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
     save_plan(cache, digest, rt.quality_floor, {"fp32_groups": keep, **figures})
