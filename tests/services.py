@@ -243,7 +243,8 @@ class FaultProxy:
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(proxy.SLOWDOWN)))
                     self.end_headers()
-                    self.wfile.write(proxy.SLOWDOWN)
+                    if self.command != "HEAD":  # a HEAD answer has no body: the client would read it as the next answer
+                        self.wfile.write(proxy.SLOWDOWN)
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}

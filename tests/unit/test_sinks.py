@@ -122,3 +122,25 @@ def test_a_group_whose_rename_fails_midway_takes_back_the_parts_renamed_before_i
     with pytest.raises(Exception, match="cannot write the part"):
         committer.publish_many(staged)
     assert ledger.commits() == [] and _visible(tmp_path) == set()
+
+
+def test_a_stores_answer_is_named_with_its_status_and_code_or_its_status_alone():
+    """botocore's ClientError as s3fs raises it (under an OSError): a 503 with a body gives its
+    code and message; a HEAD's 503 (no body: botocore sets the code to the status) its status."""
+    from botocore.exceptions import ClientError
+
+    from bulkinfer.sinks.objects import _why
+
+    def raised(code: str, message: str) -> OSError:
+        meta = {"HTTPStatusCode": 503}
+        cause = ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": meta}, "HeadObject")
+        try:
+            raise OSError("s3fs's wrapper") from cause
+        except OSError as exc:
+            return exc
+
+    assert (
+        _why(raised("SlowDown", "Please reduce your request rate.")) == "503 SlowDown: Please reduce your request rate."
+    )
+    assert _why(raised("503", "Service Unavailable")) == "503 Service Unavailable"
+    assert _why(OSError("disk full")) == "disk full"

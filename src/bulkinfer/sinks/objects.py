@@ -281,13 +281,16 @@ class ObjectSink:
 
 
 def _why(exc: BaseException) -> str:
-    """The store's own answer when there is one (``503 SlowDown: ...``), else the error's text."""
+    """The store's own answer when there is one (``503 SlowDown: ...``; ``503 Service Unavailable``
+    for one without a body, as a HEAD's), else the error's text."""
     seen: BaseException | None = exc
     while seen is not None:
         response = getattr(seen, "response", None)  # botocore's ClientError, under s3fs's OSError
         if isinstance(response, dict) and response.get("Error"):
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
             code, message = response["Error"].get("Code", ""), response["Error"].get("Message", "")
+            if code in ("", str(status)):  # an answer without a body (to a HEAD): its status says it all
+                return " ".join(f"{status} {message}".split())[:200]
             return " ".join(f"{status} {code}: {message}".split())[:200]
         seen = seen.__cause__ or seen.__context__
     return " ".join(str(exc).split())[:200] or type(exc).__name__
