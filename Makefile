@@ -42,7 +42,11 @@ docs: $(STAMP)
 system:
 	bash tools/system_deps.sh
 
+# the tests start hundreds of Python processes (the CLI, servers, Ray and Spark workers): compiled
+# once here, bulkinfer's modules are read from bytecode by each of them, also where the
+# environment sets PYTHONDONTWRITEBYTECODE (then nothing else would ever write it)
 test: $(STAMP) system lint docs
+	$(PY) -m compileall -q src tests examples
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)

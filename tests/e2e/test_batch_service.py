@@ -375,7 +375,7 @@ def test_batches_past_their_window_expire_with_the_rest_as_batch_expired_errors(
     first = requests_file(tmp_path / "big.jsonl", 3000, seed=5, bad=False)
     second = requests_file(tmp_path / "small.jsonl", 5, seed=6, bad=False)
     server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.batch_shard_rows=50",
-                     "--set", "serve.batch_window_s=3", "--set", "runtime.batch_size=4"], tmp_path)  # fmt: skip
+                     "--set", "serve.batch_window_s=2", "--set", "runtime.batch_size=4"], tmp_path)  # fmt: skip
     try:
         c = client(server)
         running = submit(c, tmp_path / "big.jsonl").id
