@@ -1,7 +1,7 @@
 """Fixed costs: time to the first committed row, cold (nothing cached) and warm (the model built
 and the gate's verdict kept, a new output), for fp32 and int8 on each CPU engine, one run.
 
-Usage: .venv/bin/python bench/bench_cold.py [ROWS] [--only NAME,NAME]
+Usage: .venv/bin/python bench/bench_cold.py [ROWS] [--only NAME,NAME] [--json PATH]
 
 Generates ROWS (default 3000) catalog rows with ../shared/bench/make_corpus.py. Each variant runs
 `bulkinfer run` twice with its own empty cache (`BULKINFER_CACHE`): cold, then warm into a new
@@ -10,7 +10,7 @@ output. Prints, per run, the seconds to the first committed row (report.json
 and imports included), where the set-up went (plan, export, int8 build, load, gate), the rows the
 gate computed that were written rather than inferred again, and each int8's ratio to its engine's
 fp32 of the same kind (cold to cold, warm to warm). The issue's target (#35): int8 ≤ 1.3x fp32
-cold, ≤ 1.1x warm.
+cold, ≤ 1.1x warm. `--json PATH` also writes those seconds and the CPU line (bench/targets.py).
 """
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ def main() -> None:
                 f" gate rows written {rep['reuse'].get('rows_from_gate', 0)}",
                 flush=True,
             )
+    if "--json" in sys.argv:
+        seconds: dict[str, dict[str, float]] = {}
+        for (name, kind), value in first.items():
+            seconds.setdefault(name, {})[kind] = value
+        Path(sys.argv[sys.argv.index("--json") + 1]).write_text(
+            json.dumps({"cpu": describe(), "rows": rows, "first_commit_s": seconds}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Side by side, one run, same data: the sentence-transformers script vs `bulkinfer run`.
 
-Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick] [--only NAME,NAME]
+Usage: .venv/bin/python bench/bench_run.py [ROWS] [--repeat N] [--quick] [--only NAME,NAME] [--json PATH]
 
 Generates ROWS (default 5000) catalog rows with ../shared/bench/make_corpus.py, runs
 `bulkinfer tune` on it once, then, in each round, runs the anchors (the sentence-transformers
@@ -14,7 +14,8 @@ and the median over rounds. Figures exclude model loading: the anchors' `job_s` 
 after the model is loaded (Ray Data's includes its actor start), bulkinfer's `run_s` after
 set-up (the ONNX export is cached by a warm-up run first). `--quick` runs only the
 sentence-transformers anchor and the default configuration; `--only default,ray` runs both
-anchors and the variants whose names contain one of the words.
+anchors and the variants whose names contain one of the words. `--json PATH` also writes
+the medians, the CPU line and whether each variant passed its gate (read by bench/targets.py).
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ def main() -> None:
     ray = "ray backend (1 worker x 2 CPUs)"
     if ray in med and LOCAL in med:
         print(f"  ray backend / local backend: {med[ray] / med[LOCAL]:.2f}")
+    if "--json" in sys.argv:
+        passed = {name: (rep.get("quality") or {}).get("passed", True) for name, rep in reports.items()}
+        figures = {"cpu": describe(), "rows": rows, "rounds": repeat, "rows_per_s": med, "passed": passed}
+        Path(sys.argv[sys.argv.index("--json") + 1]).write_text(json.dumps(figures, indent=1))
     for name, rep in reports.items():
         q = rep.get("quality")
         gate = f" quality={json.dumps({k: q[k] for k in ('mean_cosine', 'min_cosine', 'top10_overlap')})}" if q else ""
