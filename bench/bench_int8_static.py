@@ -51,6 +51,19 @@ def embed(adapter: Any, batches: list[tuple[np.ndarray, Any]], n: int) -> tuple[
     return out, n / (time.perf_counter() - t0)
 
 
+def minilm(precision: str, cache: Path) -> Any:
+    """The bundled MiniLM's text adapter on onnxruntime in ``precision``, set up (built into ``cache``)."""
+    from bulkinfer import load_config
+    from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
+
+    cfg = load_config(overrides={"model.name": "minilm", "model.text_column": "description",
+                                 "runtime.engine": "onnxruntime", "runtime.precision": precision,
+                                 "runtime.cache_dir": str(cache)})  # fmt: skip
+    adapter = build_adapter(cfg, resolve_model(cfg))
+    adapter.setup(SetupContext())
+    return adapter
+
+
 def use_model(adapter: Any, path: Path, skip_layer_norm: bool = False) -> None:
     """Point the adapter's ONNX Runtime session at another model file (same inputs and outputs),
     loaded as bulkinfer loads its own (without SkipLayerNormalization, unless asked)."""
@@ -102,8 +115,6 @@ def static_int8(fp32: Path, out: Path, calibration: list[tuple[np.ndarray, Any]]
 
 
 def main() -> None:
-    from bulkinfer import load_config
-    from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
     from bulkinfer.core.hardware import int8_scheme
     from bulkinfer.precision.gate import compare_embeddings
 
@@ -119,17 +130,7 @@ def main() -> None:
         reference: np.ndarray | None = None
         adapters = {}
         for precision in ("fp32", "int8"):
-            cfg = load_config(
-                overrides={
-                    "model.name": "minilm",
-                    "model.text_column": "description",
-                    "runtime.precision": precision,
-                    "runtime.cache_dir": str(work / "cache"),
-                }
-            )
-            adapter = build_adapter(cfg, resolve_model(cfg))
-            adapter.setup(SetupContext())
-            adapters[precision] = adapter
+            adapters[precision] = minilm(precision, work / "cache")
         fp32 = adapters["fp32"]
         batches = batches_of(fp32, table)
         reference, rate = embed(fp32, batches, rows)

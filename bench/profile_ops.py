@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples"), str(ROOT / "bench")]
 
-from bench_int8_static import batches_of  # noqa: E402
+from bench_int8_static import batches_of, minilm  # noqa: E402
 from machine import describe  # noqa: E402
 
 PRODUCTS = {
@@ -102,9 +102,6 @@ def report(name: str, by_op: dict[str, list[float]], wall: float, rows: int) -> 
 def main() -> None:
     from bench_int8_schemes import nbits8
 
-    from bulkinfer import load_config
-    from bulkinfer.adapters import SetupContext, build_adapter, resolve_model
-
     from helpers import make_catalog
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -116,17 +113,7 @@ def main() -> None:
         models: dict[str, Path] = {}
         batches = None
         for precision in ("fp32", "int8"):
-            cfg = load_config(
-                overrides={
-                    "model.name": "minilm",
-                    "model.text_column": "description",
-                    "runtime.engine": "onnxruntime",
-                    "runtime.precision": precision,
-                    "runtime.cache_dir": str(work / "cache"),
-                }
-            )
-            adapter = build_adapter(cfg, resolve_model(cfg))
-            adapter.setup(SetupContext())
+            adapter = minilm(precision, work / "cache")
             models[f"onnxruntime {precision} (bulkinfer's build here)"] = adapter._engine.path
             batches = batches or batches_of(adapter, table)
         if "--nbits" in sys.argv:
