@@ -85,9 +85,15 @@ def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_a
     real = int8.search
     monkeypatch.setattr(int8, "search", lambda order, score, floor, baseline=None, without_first=None: real(
         order, score, floor, None if baseline is None else 1.0, without_first))  # fmt: skip
+    from bulkinfer.precision import gate
+
     full = run(tiny, "full-2", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
     floor = round(full + (1 - full) / 2, 6)
+    fp32_passes = []  # the fp32 reference runs once: the search reuses the failed gate's
+    real_run = gate.run_adapter
+    monkeypatch.setattr(gate, "run_adapter", lambda *a, **k: fp32_passes.append(1) or real_run(*a, **k))
     got = run(tiny, "blocks", **{"runtime.quality_floor": floor, "runtime.cache_dir": str(tmp_path / "cache")})
+    assert len(fp32_passes) == 1
     q = got.report["quality"]
     assert q["passed"] and q["mean_cosine"] >= floor and q["int8_search_dropped"] == [OUTLIERS]
     steps = q["int8_search"]
@@ -97,6 +103,8 @@ def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_a
     assert OUTLIERS not in keep and keep == order[: len(keep)] and steps[-1]["seconds"] > 0
     assert not any(s["passed"] for s in steps if len(s["groups"]) < len(keep) and OUTLIERS not in s["groups"])
     assert got.report["rows_out"] == 120 and got.report["reuse"]["rows_from_gate"] == 64
+    # a fresh cache: the set-up's export and int8 build are reported, though the search reloaded the engine since
+    assert {"export_s", "build_s"} <= set(got.report["setup_split"])
 
 
 def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that_passed(tiny, caplog):

@@ -25,6 +25,8 @@ Errors from libraries are translated at the boundary with ``raise ... from exc``
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BulkinferError",
     "CheckFailed",
@@ -99,9 +101,11 @@ class CostLimitReached(BulkinferError):
 
 
 class QualityGateError(BulkinferError):
-    """A lowered precision failed the quality gate; the message and ``figures`` carry the figures."""
+    """A lowered precision failed the quality gate; the message and ``figures`` carry the figures,
+    ``reference`` the fp32 reference's columns on the gate's rows (a search that follows reuses them)."""
 
     figures: dict[str, object] = {}  # noqa: RUF012 - replaced per instance
+    reference: dict[str, Any] | None = None
 
 
 class CheckFailed(BulkinferError):
