@@ -169,6 +169,7 @@ def main() -> None:
             f" wait_for_input_s={rep['wait_for_input_s']}"
             f" run_s={rep['run_s']} padding_ratio={rep['batches']['padding_ratio']}{gate}"
             f" setup_s={rep['setup_s']}{f' setup_split={json.dumps(split)}' if split else ''}{whole}"
+            + (f" backend={json.dumps(rep['backend'])}" if rep.get("backend") else "")  # Ray: start, busy share
         )
 
 

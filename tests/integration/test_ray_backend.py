@@ -83,9 +83,14 @@ def test_ray_embeddings_equal_local(tmp_path, local_ray):
         "part-00001.parquet",
         "part-00002.parquet",
     ]
-    assert result.report["backend"]["name"] == "ray"
-    assert result.report["backend"]["workers"] == 2
+    backend = result.report["backend"]
+    assert backend["name"] == "ray" and backend["workers"] == 2
     assert result.report["rows_out"] == 300
+    # where the time went: joining, the workers' start (model set-up included), how busy they were
+    assert (
+        0 <= backend["connect_s"] < result.report["wall_s"] and 0 < backend["workers_ready_s"] < result.report["wall_s"]
+    )
+    assert 0 < backend["worker_busy_share"] <= 1
 
 
 def test_ray_sklearn_equals_local(tmp_path, local_ray):

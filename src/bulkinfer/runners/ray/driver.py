@@ -91,6 +91,11 @@ class RayRunner:
         self._actor_class: Any = None
         self.target = 0
         self._stranded_since: float | None = None
+        # where a run's time goes (report.json backend): joining the cluster, the workers' start
+        # (process, imports, model set-up), and how busy they were once started
+        self._t0 = 0.0
+        self.timing: dict[str, float] = {}
+        self.worker_busy_s = 0.0
 
     # -- the runner contract -----------------------------------------------------------
     def start(self, gate: Gate) -> None:
@@ -140,17 +145,29 @@ class RayRunner:
 
     # -- cluster ---------------------------------------------------------------------
     def connect(self) -> None:
-        """Join the configured cluster or start a local instance (:func:`connect`)."""
+        """Join the configured cluster or start a local instance (:func:`connect`); the first
+        call's seconds are the run's ``connect_s``."""
+        t0 = time.perf_counter()
         connect(self.ex)
+        self.timing.setdefault("connect_s", time.perf_counter() - t0)
 
     def close(self) -> None:
         """Stop the workers, and the Ray instance if this process started it."""
         cpu = {"driver_cpu_s": round(self.driver_cpu_s, 3)} if self.driver_cpu_s else {}
-        self.stats.backend = {"name": "ray", "workers": self.target, **self.counts, **cpu}
+        self.stats.backend = {"name": "ray", "workers": self.target, **self.counts, **cpu, **self._times()}
         for slot in self.slots:
             self.ray.kill(slot.actor, no_restart=True)
         self.slots = []
         disconnect()
+
+    def _times(self) -> dict[str, float]:
+        """``connect_s``, ``workers_ready_s`` (the last worker's start, from the run's, after the gate), and
+        ``worker_busy_share``: the workers' own seconds on shards over their time since started."""
+        out = {k: round(v, 3) for k, v in self.timing.items() if k in ("connect_s", "workers_ready_s")}
+        first, end = self.timing.get("first_ready_s"), self.timing.get("end_s")
+        if first is not None and end is not None and end > first and self.target:
+            out["worker_busy_share"] = round(min(1.0, self.worker_busy_s / (self.target * (end - first))), 3)
+        return out
 
     def _size(self) -> int:
         """How many workers to start: never more than the cluster's CPUs and GPUs fit."""
@@ -184,6 +201,7 @@ class RayRunner:
         Call :meth:`start` first and :meth:`close` after."""
         if rows is not None:
             raise ConfigError("--retry-errors runs with the local backend; drop --backend ray")
+        self._t0 = time.perf_counter()
         self.connect()
         n = self._size()
         nodes = sum(1 for x in self.ray.nodes() if x.get("Alive"))
@@ -206,6 +224,7 @@ class RayRunner:
                 self._replace_lost()
         finally:
             self.driver_cpu_s = time.process_time() - cpu
+            self.timing["end_s"] = time.perf_counter() - self._t0
 
     def _check_started(self) -> None:
         starting = [s for s in self.slots if s.ready is not None]
@@ -225,6 +244,9 @@ class RayRunner:
                 err = info["error"]
                 raise err if isinstance(err, BulkinferError) else ModelError(f"model set-up failed on a worker: {err}")
             slot.last_seen = time.monotonic()
+            since = time.perf_counter() - self._t0
+            self.timing.setdefault("first_ready_s", since)
+            self.timing["workers_ready_s"] = since
             if self.stats.running_since is None:
                 self.stats.mark_running()
             log.info("%s ready (pid %s on %s)", slot.name, info["pid"], info["host"])
@@ -285,6 +307,7 @@ class RayRunner:
                 failure = answer["error"]
                 break
             self.grouper.observe(answer["seconds"], len(attempt.shards))
+            self.worker_busy_s += answer["seconds"]
         self._accept(commit, results)  # what came back whole before a failure is committed all the same
         if failure is not None:
             raise failure from None
