@@ -161,8 +161,9 @@ class RayRunner:
         disconnect()
 
     def _times(self) -> dict[str, float]:
-        """``connect_s``, ``workers_ready_s`` (the last worker's start, from the run's, after the gate), and
-        ``worker_busy_share``: the workers' own seconds on shards over their time since started."""
+        """``connect_s``; ``workers_ready_s``: from the driver having joined (after the gate) until
+        the last worker was ready; ``worker_busy_share``: the workers' own seconds on shards over
+        their time since the first was ready."""
         out = {k: round(v, 3) for k, v in self.timing.items() if k in ("connect_s", "workers_ready_s")}
         first, end = self.timing.get("first_ready_s"), self.timing.get("end_s")
         if first is not None and end is not None and end > first and self.target:
