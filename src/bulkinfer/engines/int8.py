@@ -363,13 +363,16 @@ def search(
             )
         return tried[keep] >= floor
 
-    if baseline is not None and without_first is not None and len(order) > 1:
-        if passes(1):
-            result.keep_fp32 = result.order[:1]
-            return result
-        if tried[tuple(result.order[:1])] <= baseline:
-            result.dropped = result.order[:1]
-            result.order = list(without_first())
+    # the first group built alone (the loop below reuses that build), dropped if it buys nothing
+    if (
+        baseline is not None
+        and without_first is not None
+        and len(order) > 1
+        and not passes(1)
+        and tried[tuple(result.order[:1])] <= baseline
+    ):
+        result.dropped = result.order[:1]
+        result.order = list(without_first())
     n = len(result.order)
     bad, k = 0, 1
     while True:  # k = 1, 2, 4, ... at most n - 1 (n groups in fp32 is fp32)
