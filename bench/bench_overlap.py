@@ -34,6 +34,7 @@ from machine import describe  # noqa: E402
 def main() -> None:
     from bulkinfer.engines.ort_engine import _build, cache_entry
     from bulkinfer.precision.gate import run_adapter
+
     from helpers import make_catalog
 
     args = sys.argv[1:]
@@ -69,7 +70,7 @@ def main() -> None:
             b, r = build(), reference()
             apart = time.perf_counter() - t0
             took: list[float] = []
-            thread = threading.Thread(target=lambda: took.append(reference()))
+            thread = threading.Thread(target=lambda out=took: out.append(reference()))
             t0 = time.perf_counter()
             thread.start()
             b2 = build()
