@@ -10,7 +10,7 @@ from ..config import JobConfig
 from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
 from ..runners.reuse import write_deleted
-from .ledger import OutputLedger, active_error_files
+from .ledger import CommitTally, OutputLedger
 
 __all__ = ["finish"]
 
@@ -23,5 +23,5 @@ def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLe
     if cfg.sink.format == "openai-batch":
         commits = ledger.commits()
         parts = sorted(c.file for c in commits if c.file)  # in shard order
-        write_batch_files(ledger, parts, active_error_files(commits), plan.input_errors)
+        write_batch_files(ledger, parts, CommitTally.of(commits).active_error_files(), plan.input_errors)
     ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)

@@ -45,7 +45,6 @@ __all__ = [
     "CommitTally",
     "Ledger",
     "OutputLedger",
-    "active_error_files",
     "success_chunks",
 ]
 
@@ -369,13 +368,6 @@ class Ledger:
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         (self.private / name).parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.private / name, json.dumps(data, indent=1))
-
-
-def active_error_files(commits: Iterable[Commit]) -> list[str]:
-    """Error files in force: those no later --retry-errors commit superseded."""
-    commits = list(commits)
-    superseded = {c.replaces for c in commits if c.replaces}
-    return [c.error_file for c in commits if c.error_file and c.error_file not in superseded]
 
 
 def success_chunks(
