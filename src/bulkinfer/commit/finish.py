@@ -4,15 +4,17 @@ files), ``_SUCCESS`` last: a reader that waits for ``_SUCCESS`` finds everything
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..config import JobConfig
+from ..core.records import ErrorRecord
 from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
 from ..runners.reuse import write_deleted
-from .ledger import CommitTally, OutputLedger
+from .ledger import Commit, CommitTally, OutputLedger
 
-__all__ = ["finish"]
+__all__ = ["batch_answers", "finish"]
 
 
 def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]) -> None:
@@ -21,7 +23,13 @@ def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLe
     have dropped it from ``cfg`` when nothing could be reused; the deletions are still listed)."""
     extra = write_deleted(previous, cfg, plan, ledger, report) if previous else {}
     if cfg.sink.format == "openai-batch":
-        commits = ledger.commits()
-        parts = sorted(c.file for c in commits if c.file)  # in shard order
-        write_batch_files(ledger, parts, CommitTally.of(commits).active_error_files(), plan.input_errors)
+        batch_answers(ledger, ledger.commits(), plan.input_errors)
     ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
+
+
+def batch_answers(ledger: OutputLedger, commits: Sequence[Commit], input_errors: Iterable[ErrorRecord]) -> None:
+    """An OpenAI batch's output and error files from ``commits``: the committed parts, and the
+    error files no --retry-errors commit superseded, both in shard order."""
+    parts = sorted(c.file for c in commits if c.file)
+    in_force = CommitTally.of(commits, names=False, ranges=False).active_error_files()
+    write_batch_files(ledger, parts, in_force, input_errors)

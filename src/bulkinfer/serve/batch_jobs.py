@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import Adapter
-from ..commit.ledger import CommitTally, Ledger
+from ..commit.finish import batch_answers
+from ..commit.ledger import Ledger
 from ..config import ExecutionConfig, JobConfig, SinkConfig, SourceConfig
 from ..job import run_job
-from ..llm.batch_files import BATCH_ERRORS, BATCH_OUTPUT, write_batch_files
+from ..llm.batch_files import BATCH_ERRORS, BATCH_OUTPUT
 from ..llm.openai_api import CHAT, COMPLETIONS, EMBEDDINGS, request_id
 from ..report import RunStats
 from .share import ModelShare, SharedModel
@@ -116,9 +117,7 @@ def stopped_files(out: Path, input_path: Path, *, expired: bool) -> tuple[Path, 
     with Ledger(out) as ledger:
         commits = ledger.commits() if ledger.log_path.is_file() else []
         plan = ledger.read_plan()
-        parts = sorted(c.file for c in commits if c.file)
-        in_force = CommitTally.of(commits).active_error_files()  # not superseded by a retry, in shard order
-        write_batch_files(ledger, parts, in_force, plan.input_errors if plan else [])
+        batch_answers(ledger, commits, plan.input_errors if plan else [])
     if expired:
         done = [(c.start, c.stop) for c in commits]
         with open(out / BATCH_ERRORS, "a", encoding="utf-8") as errors:
