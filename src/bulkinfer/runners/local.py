@@ -140,7 +140,9 @@ class LocalRunner:
 
     # -- producer ------------------------------------------------------------
     def _windows(self, shard: Shard, on_bad_row: Callable[[int, str], None]) -> Iterator[pa.Table]:
-        window = max(self.cfg.runtime.sort_window, self.batch_size)  # a window holds at least one batch
+        hint, rt = self.adapter.window_rows, self.cfg.runtime
+        size = rt.sort_window if hint is None or "sort_window" in rt.model_fields_set else hint
+        window = max(size, self.batch_size)  # a window holds at least one batch
         pending: list[pa.RecordBatch] = []
         rows = 0
         t0 = time.perf_counter()

@@ -47,7 +47,8 @@ class InputFile:
     digest: str
     unreadable: str | None = None
     encoding: str | None = None
-    """A line format's codec when it is not UTF-8 (a byte-order mark's, or ``source.encoding``)."""
+    """A line format's codec when it is not UTF-8 (a byte-order mark's, or ``source.encoding``); a
+    listing of pictures: its hash (carried into its shards, whose reader checks it)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -101,7 +102,8 @@ class Shard:
     repeats: tuple[int, ...] = ()
     oversized: bool = False
     encoding: str | None = None
-    """The file's codec when it is not UTF-8: the shard's bytes are decoded when read."""
+    """The file's codec when it is not UTF-8: the shard's bytes are decoded when read. For a listing
+    of pictures (format ``images``): the listing's hash, which its reader checks."""
 
     @property
     def num_rows(self) -> int:

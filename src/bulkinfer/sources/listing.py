@@ -12,9 +12,11 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..core.errors import SourceError
+from ..core.media import looks_like_images
 from ..core.storage import concurrently, filesystem, store_trouble
 from .base import InputFile
 from .encoding import LINE_FORMATS, codec_of
+from .images import image_inputs
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
 from .tables import table_inputs
@@ -62,7 +64,9 @@ def _listing(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any
     if fs.isdir(path):
         found = {p: i for p, i in _files(fs.find(path, detail=True)).items() if _is_data_file(p, extensions)}
         if not found:
-            raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file", pattern)
+            pictures = any(looks_like_images(p) for p in _files(fs.find(path, detail=True)))
+            hint = "; it holds pictures: pass --set source.format=images" if pictures else ""
+            raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file{hint}", pattern)
         return {_qualify(fs, p): info for p, info in found.items()}
     if fs.isfile(path):
         return {_qualify(fs, path): fs.info(path)}
@@ -124,6 +128,8 @@ def list_inputs(
     ``known``: the fingerprints the output's plan holds (see :func:`fingerprint`)."""
     if declared_format in ("delta", "iceberg"):
         return table_inputs(patterns, source, columns)
+    if declared_format == "images":
+        return image_inputs(patterns)
 
     found: dict[str, dict[str, Any]] = {}
     for pattern in patterns:

@@ -6,13 +6,16 @@ from __future__ import annotations
 from ..core.errors import SourceError
 from .base import Format
 from .csv import CsvFormat
+from .images import ImageFilesFormat
 from .jsonl import JsonlFormat
 from .openai_batch import OpenAIBatchFormat
 from .parquet import ParquetFormat
 
 __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "get_format"]
 
-FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), CsvFormat(), JsonlFormat(), OpenAIBatchFormat())}
+FORMATS: dict[str, Format] = {
+    f.name: f for f in (ParquetFormat(), CsvFormat(), JsonlFormat(), OpenAIBatchFormat(), ImageFilesFormat())
+}
 
 EXTENSIONS: dict[str, str] = {ext: f.name for f in FORMATS.values() for ext in f.extensions}
 

@@ -1,0 +1,147 @@
+"""Pictures decoded beside inference: a pool of threads sized to the cores turns each row's
+bytes (or path) into the model's input, under a budget on decoded bytes in flight.
+
+Each picture is opened (its header only), refused when it has more pixels than
+``source.max_image_pixels`` (a decompression bomb), then waits until its decoded size fits the
+budget (``source.max_decoded_mb``; a picture larger than the whole budget waits for the pool to
+be empty and goes alone), is decoded, turned upright by its EXIF orientation, converted to
+8-bit RGB and handed to the model's ``prepare`` (resize, letterbox, normalise), after which
+its decoded pixels are let go. Pillow and OpenCV release the interpreter while they work, so
+the threads decode side by side while the model runs.
+
+Conversions (documented in docs/images.md): palette, greyscale, 1-bit and CMYK pictures
+become RGB (Pillow's conversions); an alpha channel is dropped (the colour under it is kept,
+as OpenCV's ``imread`` and torchvision's loaders do); 16-bit greyscale is scaled to 8 bits
+(``value >> 8``), not clipped; a GIF or multi-page TIFF gives its first frame.
+
+A picture that cannot be decoded (truncated, empty, not a picture, over the pixel limit) is
+a :class:`BadImage` naming the row's id and why: one error row, never a failed batch.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BadImage", "DecodeBudget", "DecodePool", "decode_rgb", "open_image"]
+
+
+class BadImage(ValueError):
+    """A row's picture cannot be decoded; the message names the row and says why."""
+
+
+class DecodeBudget:
+    """Decoded bytes in flight, at most ``limit``: ``take`` waits until ``n`` more fit (or nothing
+    is in flight: one picture larger than the budget goes alone)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.peak = limit, 0, 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+            self.peak = max(self.peak, self.used)
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+def open_image(data: bytes, name: str, max_pixels: int | None) -> Any:
+    """The picture's header (nothing decoded yet), refused past ``max_pixels``."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise BadImage(f"{name}: the file is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit is the one that counts
+            img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise BadImage(f"{name}: not a picture Pillow can read (JPEG, PNG, WebP, GIF, BMP, TIFF)") from None
+    except Image.DecompressionBombError as exc:
+        raise BadImage(f"{name}: {exc}; raise source.max_image_pixels to decode it") from None
+    except (OSError, ValueError, SyntaxError) as exc:  # a header cut short
+        raise BadImage(f"{name}: cannot decode the picture ({exc})") from None
+    w, h = img.size
+    if max_pixels is not None and w * h > max_pixels:
+        raise BadImage(
+            f"{name}: {w}x{h} = {w * h} pixels, over source.max_image_pixels ({max_pixels}); "
+            "a decompression bomb or a picture too large: raise the limit to decode it"
+        )
+    return img
+
+
+def decode_rgb(img: Any, name: str) -> np.ndarray:
+    """The opened picture decoded: upright by its EXIF orientation, 8-bit RGB, HWC."""
+    from PIL import ImageOps
+
+    try:
+        img.load()
+        upright = ImageOps.exif_transpose(img)
+        if upright.mode in ("I;16", "I;16B", "I;16L", "I"):
+            grey = (np.asarray(upright, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+            return np.repeat(grey[:, :, None], 3, axis=2)
+        return np.asarray(upright if upright.mode == "RGB" else upright.convert("RGB"))
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's words for a broken file
+        raise BadImage(f"{name}: cannot decode the picture ({exc})") from None
+
+
+def _read(uri: str, name: str) -> bytes:
+    from ..core.storage import filesystem
+
+    try:
+        fs, path = filesystem(uri)
+        with fs.open(path, "rb") as f:
+            data: bytes = f.read()
+    except OSError as exc:
+        raise BadImage(f"{name}: cannot read {uri} ({exc.strerror or exc})") from None
+    return data
+
+
+class DecodePool:
+    """Threads that decode and prepare pictures; ``run`` keeps the rows' order and returns, for
+    each row, what ``prepare`` made of it or the :class:`BadImage` it met."""
+
+    def __init__(self, threads: int, max_pixels: int | None, budget_bytes: int) -> None:
+        self.max_pixels = max_pixels
+        self.budget = DecodeBudget(budget_bytes)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="bulkinfer-decode")
+
+    def one(self, data: bytes | str, name: str, prepare: Callable[[np.ndarray], Any]) -> Any:
+        if isinstance(data, str):  # a path or URI column: read here, in the pool
+            data = _read(data, name)
+        img = open_image(data, name, self.max_pixels)
+        w, h = img.size
+        size = w * h * 3
+        self.budget.take(size)
+        try:
+            return prepare(decode_rgb(img, name))
+        finally:
+            self.budget.give(size)
+
+    def run(
+        self, images: Sequence[bytes | str], names: Sequence[str], prepare: Callable[[np.ndarray], Any]
+    ) -> list[Any]:
+        def task(i: int) -> Any:
+            try:
+                return self.one(images[i], names[i], prepare)
+            except BadImage as exc:
+                return exc
+            except Exception as exc:  # the model's preparation failed on this picture alone
+                return BadImage(f"{names[i]}: cannot prepare the picture ({type(exc).__name__}: {exc})")
+
+        return list(self._pool.map(task, range(len(images))))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

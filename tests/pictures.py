@@ -1,0 +1,55 @@
+"""Pictures the tests make: skimage's photos as JPEGs, text pages drawn with DejaVu Sans, and
+the bad files a picture job must survive (named for what is wrong with them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "hubble_deep_field", "immunohistochemistry")
+
+
+def photo(name: str) -> np.ndarray:
+    import skimage.data
+
+    image = np.asarray(getattr(skimage.data, name)())
+    return np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image[:, :, :3]
+
+
+def write_photos(folder: Path, n: int, *, scale: float = 1.0, quality: int = 90) -> list[str]:
+    """``n`` JPEGs (skimage's photos in turn, each copy resized a little differently): their names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(n):
+        base = Image.fromarray(photo(PHOTOS[i % len(PHOTOS)]))
+        w, h = base.size
+        k = scale * (1 + 0.05 * (i // len(PHOTOS)))
+        name = f"{i:04d}-{PHOTOS[i % len(PHOTOS)]}.jpg"
+        base.resize((int(w * k), int(h * k))).save(folder / name, quality=quality)
+        names.append(name)
+    return names
+
+
+def write_bad(folder: Path) -> dict[str, str]:
+    """The bad pictures of the issue, each a file: name -> what the error must say."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = folder / "_good.jpg"
+    Image.fromarray(photo("coffee")).save(good, quality=90)
+    data = good.read_bytes()
+    good.unlink()
+    (folder / "truncated.jpg").write_bytes(data[: len(data) // 3])
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "text.jpg").write_text("this is not a picture\n")
+    return {"truncated.jpg": "truncated", "empty.jpg": "empty", "text.jpg": "not a picture"}
+
+
+def text_page(lines: list[str], size: int = 40) -> Image.Image:
+    font = ImageFont.truetype(FONT, size)
+    page = Image.new("RGB", (60 + size * max(len(x) for x in lines), 80 + int(size * 1.8) * len(lines)), "white")
+    draw = ImageDraw.Draw(page)
+    for j, line in enumerate(lines):
+        draw.text((40, 40 + int(size * 1.8) * j), line, fill="black", font=font)
+    return page

@@ -1,0 +1,94 @@
+"""Pictures as rows: a folder, glob or file names a sorted listing; ids are paths relative to the
+input's root; shards cover each picture once; a changed listing is refused, never misread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bulkinfer.config import SourceConfig
+from bulkinfer.core.errors import SourceError
+from bulkinfer.sources import list_inputs, plan_shards, read_shard
+from bulkinfer.sources.images import image_inputs, list_images
+
+
+def _tree(root: Path) -> None:
+    for rel in ("b.jpg", "a.PNG", "sub/c.webp", "sub/deep/d.gif", "notes.txt", "_hidden.jpg", ".dot.jpg"):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode())
+
+
+def test_folder_lists_pictures_sorted_with_relative_ids(tmp_path):
+    _tree(tmp_path / "photos")
+    listing = list_images(str(tmp_path / "photos"))
+    assert listing.ids == ("a.PNG", "b.jpg", "sub/c.webp", "sub/deep/d.gif")
+    assert listing.uris[2] == str(tmp_path / "photos" / "sub" / "c.webp")
+
+
+def test_glob_ids_are_relative_to_its_fixed_part(tmp_path):
+    _tree(tmp_path / "photos")
+    listing = list_images(str(tmp_path / "photos" / "sub" / "**" / "*.*"))
+    assert set(listing.ids) == {"c.webp", "deep/d.gif"}
+    one = list_images(str(tmp_path / "photos" / "b.jpg"))
+    assert one.ids == ("b.jpg",)
+
+
+def test_listing_hash_follows_content_and_names(tmp_path):
+    _tree(tmp_path / "p")
+    before = list_images(str(tmp_path / "p")).digest
+    assert list_images(str(tmp_path / "p")).digest == before
+    (tmp_path / "p" / "e.jpg").write_bytes(b"new")
+    assert list_images(str(tmp_path / "p")).digest != before
+
+
+def test_reading_refuses_a_listing_changed_since_planning(tmp_path):
+    _tree(tmp_path / "p")
+    (f,) = image_inputs([str(tmp_path / "p")])
+    (shard,) = plan_shards([f], 100)
+    from bulkinfer.sources import images
+
+    images._LISTINGS.clear()  # another process: it lists again
+    (tmp_path / "p" / "aa.jpg").write_bytes(b"inserted before b.jpg")
+    with pytest.raises(SourceError, match="changed since the job was planned"):
+        list(read_shard(shard, ["id", "image"]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), shard_rows=st.integers(1, 12))
+def test_shards_cover_every_picture_once_in_order(tmp_path_factory, n, shard_rows):
+    root = tmp_path_factory.mktemp("pics")
+    for i in range(n):
+        (root / f"{i:03d}.jpg").write_bytes(bytes([i]))
+    shards = plan_shards(image_inputs([str(root)]), shard_rows)
+    rows = [r for s in shards for b in read_shard(s, ["id", "image"]) for r in b.to_pylist()]
+    assert [r["id"] for r in rows] == [f"{i:03d}.jpg" for i in range(n)]
+    assert [r["image"] for r in rows] == [bytes([i]) for i in range(n)]
+    assert all(s.num_rows <= shard_rows for s in shards)
+
+
+def test_a_file_gone_after_listing_is_a_row_error(tmp_path):
+    _tree(tmp_path / "p")
+    (f,) = image_inputs([str(tmp_path / "p")])
+    (shard,) = plan_shards([f], 100)
+    (tmp_path / "p" / "b.jpg").unlink()  # this process keeps the planned listing: the read finds it gone
+    bad: list[tuple[int, str]] = []
+    rows = [r for b in read_shard(shard, ["id", "image"], on_bad_row=lambda r, m: bad.append((r, m))) for r in b.to_pylist()]
+    assert [r["id"] for r in rows] == ["a.PNG", "sub/c.webp", "sub/deep/d.gif"]
+    assert len(bad) == 1 and bad[0][0] == 1 and "b.jpg: cannot read the file" in bad[0][1]
+
+
+def test_config_reads_picture_paths_as_images_with_id():
+    cfg = SourceConfig(paths=["photos/*.jpg", "more/*.PNG"])
+    assert cfg.format == "images" and cfg.id_column == "id"
+    assert SourceConfig(paths=["t.parquet"]).format == "auto"
+    assert SourceConfig(paths=["dir/"], format="images", id_column="path").id_column == "path"
+
+
+def test_a_folder_of_pictures_without_format_says_what_to_set(tmp_path):
+    _tree(tmp_path / "p")
+    with pytest.raises(SourceError, match="it holds pictures: pass --set source.format=images"):
+        list_inputs([str(tmp_path / "p")])
