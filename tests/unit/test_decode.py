@@ -84,6 +84,20 @@ def test_broken_files_are_one_named_error(data, message):
         _decode(data)
 
 
+def test_a_jpeg_cut_short_is_refused_not_padded():
+    whole = _encoded(Image.fromarray(np.random.default_rng(0).integers(0, 255, (256, 256, 3), np.uint8)), "JPEG")
+    assert _decode(whole).shape == (256, 256, 3)  # the fast path (OpenCV) takes the whole file
+    with pytest.raises(BadImage, match="pic: cannot decode the picture .*truncated"):
+        _decode(whole[: int(len(whole) * 0.8)])
+
+
+def test_jpeg_decodes_as_pillow_does():
+    data = _encoded(Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 80, 3), np.uint8)), "JPEG")
+    fast = _decode(data)
+    exact = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert np.abs(fast.astype(int) - exact.astype(int)).max() <= 1
+
+
 def test_pool_keeps_order_and_names_each_bad_row():
     good = [_encoded(Image.new("L", (4, 4), v)) for v in (10, 20, 30)]
     pool = DecodePool(2, None, 1 << 20)
