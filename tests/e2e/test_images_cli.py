@@ -10,6 +10,7 @@ import signal
 import subprocess
 
 import pytest
+
 from helpers import BULKINFER, cli, read_output
 from pictures import write_bad, write_photos
 
@@ -28,7 +29,7 @@ def _run(root, out, env=None):
 
 
 def _reference(photos):
-    root, good, _bad = photos
+    root = photos[0]
     proc = _run(root, "reference")
     assert proc.returncode == 0, proc.stderr
     return {r["id"]: r["detections"] for r in read_output(root / "reference").to_pylist()}

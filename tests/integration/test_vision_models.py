@@ -13,13 +13,14 @@ import onnx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_output
 from onnx import TensorProto, helper, numpy_helper
-from pictures import photo, text_page, write_bad, write_photos
 from PIL import Image
 
 from bulkinfer import load_config, run_job
 from bulkinfer.adapters.image import ImageAdapter
+
+from helpers import read_output
+from pictures import photo, text_page, write_bad, write_photos
 
 
 def _run(tmp_path: Path, paths: list[str], name: str, **sections: dict) -> pa.Table:
