@@ -76,7 +76,9 @@ def test_a_file_gone_after_listing_is_a_row_error(tmp_path):
     (shard,) = plan_shards([f], 100)
     (tmp_path / "p" / "b.jpg").unlink()  # this process keeps the planned listing: the read finds it gone
     bad: list[tuple[int, str]] = []
-    rows = [r for b in read_shard(shard, ["id", "image"], on_bad_row=lambda r, m: bad.append((r, m))) for r in b.to_pylist()]
+    rows = [
+        r for b in read_shard(shard, ["id", "image"], on_bad_row=lambda r, m: bad.append((r, m))) for r in b.to_pylist()
+    ]
     assert [r["id"] for r in rows] == ["a.PNG", "sub/c.webp", "sub/deep/d.gif"]
     assert len(bad) == 1 and bad[0][0] == 1 and "b.jpg: cannot read the file" in bad[0][1]
 

@@ -58,4 +58,3 @@ class OcrAdapter(ImageAdapter):
     def predict(self, batch: list[np.ndarray]) -> dict[str, Any]:
         lines = [self._one(bgr) for bgr in batch]
         return {"lines": pa.array(lines, LINES), "text": pa.array(["\n".join(ln["text"] for ln in r) for r in lines])}
-
