@@ -53,3 +53,25 @@ def text_page(lines: list[str], size: int = 40) -> Image.Image:
     for j, line in enumerate(lines):
         draw.text((40, 40 + int(size * 1.8) * j), line, fill="black", font=font)
     return page
+
+
+def write_webdataset(path: Path, keys: list[str], photos_dir: Path, *, missing_image: str | None = None) -> None:
+    """A WebDataset tar as img2dataset writes it: ``key.jpg``, ``key.json``, ``key.txt`` per key
+    (``missing_image``: a key with its sidecars but no picture)."""
+    import io
+    import json
+    import tarfile
+
+    def add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+
+    names = sorted(p.name for p in photos_dir.glob("*.jpg"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tf:
+        for i, key in enumerate(keys):
+            if key != missing_image:
+                add(tf, f"{key}.jpg", (photos_dir / names[i % len(names)]).read_bytes())
+            add(tf, f"{key}.json", json.dumps({"url": f"https://example.com/{key}", "width": 100 + i}).encode())
+            add(tf, f"{key}.txt", f"caption {i}".encode())

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..core.media import looks_like_images
+from ..core.media import looks_like_images, looks_like_tars
 from .base import Section
 
 
@@ -17,11 +17,14 @@ class SourceConfig(Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options for the inputs' object store (s3: endpoint_url, key, secret, profile, client_kwargs...);
     empty: the store's usual configuration (AWS_* variables, a profile, an instance role). Never stored."""
-    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images"] = "auto"
+    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images", "webdataset"] = (
+        "auto"
+    )
     """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
     openai-batch; paths or globs that all end in a picture's extension, photos/*.jpg: images). delta: paths
     are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog; images: each path (a
-    folder, glob or URI) is a set of pictures, one row each (columns id, path, image)."""
+    folder, glob or URI) is a set of pictures, one row each (columns id, path, image); webdataset (.tar): WebDataset
+    shards, one row per key (id, image, text, and the .json member's fields)."""
     id_column: str | None = None
     """Column that identifies a row; copied to the output and to error records. Optional (pictures: 'id',
     each file's path relative to its input's root)."""
@@ -61,13 +64,16 @@ class SourceConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _pictures_by_name(cls, data: Any) -> Any:
-        """Paths that all name pictures by extension are read as pictures, their rows identified by path."""
+        """Paths that all name pictures (or tars) by extension are read as pictures (WebDataset shards), their
+        rows identified by path (key)."""
         if not isinstance(data, dict):
             return data
         paths = data.get("paths") or []
         if data.get("format", "auto") == "auto" and paths and all(looks_like_images(str(p)) for p in paths):
             data = {**data, "format": "images"}
-        if data.get("format") == "images" and data.get("id_column") is None:
+        if data.get("format", "auto") == "auto" and paths and all(looks_like_tars(str(p)) for p in paths):
+            data = {**data, "format": "webdataset"}
+        if data.get("format") in ("images", "webdataset") and data.get("id_column") is None:
             data = {**data, "id_column": "id"}
         return data
 

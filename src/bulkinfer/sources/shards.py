@@ -22,6 +22,10 @@ from .shardtable import ShardTable
 
 __all__ = ["plan_shards", "read_shard"]
 
+_SIZED_WHEN_READ = frozenset({"webdataset"})
+"""Formats with byte ranges whose records are sized as they are read (a tar's members), not at
+planning as a line format's are."""
+
 
 def plan_shards(
     files: Sequence[InputFile],
@@ -121,7 +125,7 @@ def read_shard(
                 batch = numbered(batch, np.arange(next_row, next_row + batch.num_rows))
             if batch.num_rows:
                 next_row = int(batch.column(ROW)[-1].as_py()) + 1
-            if max_record is not None and shard.offset is None:
+            if max_record is not None and (shard.offset is None or shard.format in _SIZED_WHEN_READ):
                 batch = _drop_oversized(batch, columns, max_record, bad)
             if any(c in types and batch.schema.field(c).type != types[c] for c in columns):
                 table, _rows = convert_rows(pa.Table.from_batches([batch]), types, batch.column(ROW).to_numpy(), bad)
