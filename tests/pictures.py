@@ -75,3 +75,49 @@ def write_webdataset(path: Path, keys: list[str], photos_dir: Path, *, missing_i
                 add(tf, f"{key}.jpg", (photos_dir / names[i % len(names)]).read_bytes())
             add(tf, f"{key}.json", json.dumps({"url": f"https://example.com/{key}", "width": 100 + i}).encode())
             add(tf, f"{key}.txt", f"caption {i}".encode())
+
+
+def write_video(path: Path, seconds: float, rate: int = 10, size: tuple[int, int] = (160, 120), gop: int = 12) -> None:
+    """A video encoded with PyAV (H.264) from drawn frames: frame i shows its number, so a
+    frame read back can be told from its neighbours by its pixels (``frame_number``)."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w, h = size
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.codec_context.gop_size = gop
+        for i in range(int(seconds * rate)):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(numbered_frame(i, w, h), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def numbered_frame(i: int, w: int, h: int) -> np.ndarray:
+    """Frame ``i``: a bright band at a column that moves 4 pixels a frame."""
+    frame = np.full((h, w, 3), 20, np.uint8)
+    x = (i * 4) % (w - 8)
+    frame[:, x : x + 8] = 235
+    return frame
+
+
+def frame_number(rgb: np.ndarray, w: int) -> int:
+    """Which :func:`numbered_frame` ``rgb`` is (modulo its band's period)."""
+    return int(np.argmax(rgb[:, :, 0].mean(axis=0) > 128) // 4)
+
+
+def write_audio_only(path: Path) -> None:
+    """A Matroska file with one audio stream and no video."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
+        for i in range(4):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 2000), np.int16), format="s16", layout="mono")
+            frame.sample_rate, frame.pts = 8000, i * 2000
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)

@@ -37,6 +37,14 @@ def add_import_paths(paths: Sequence[str]) -> None:
             sys.path.insert(0, p)
 
 
+def _user_line(exc: BaseException) -> str:
+    """`` (file.py line N)``: where the user's module raised, for the one-line error."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" ({frames[-1].filename} line {frames[-1].lineno})" if frames else ""
+
+
 def _import_attr(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if str(Path.cwd()) not in sys.path:
@@ -45,6 +53,10 @@ def _import_attr(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelError(f"model {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    except Exception as exc:  # the module itself raised while it was imported: the user's code, named
+        where = _user_line(exc)
+        raised = f"{type(exc).__name__}: {exc}{where}"
+        raise ModelError(f"model {spec!r}: importing {module_name!r} raised {raised}") from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

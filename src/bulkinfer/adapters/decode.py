@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.media import from_raw_frame
+
 __all__ = ["BadImage", "DecodeBudget", "DecodePool", "decode_rgb", "open_image"]
 
 
@@ -140,6 +142,9 @@ class DecodePool:
     def one(self, data: bytes | str, name: str, prepare: Callable[[np.ndarray], Any]) -> Any:
         if isinstance(data, str):  # a path or URI column: read here, in the pool
             data = _read(data, name)
+        frame = from_raw_frame(data)
+        if frame is not None:  # a video frame, decoded by its reader
+            return prepare(frame)
         img = open_image(data, name, self.max_pixels)
         w, h = img.size
         size = w * h * 3

@@ -1,6 +1,7 @@
 """The finish step: a complete job's last writes, in order. Whatever a consumer reads beside
 the parts comes first (an incremental run's deleted ids, an OpenAI batch's output and error
-files), ``_SUCCESS`` last: a reader that waits for ``_SUCCESS`` finds everything else in place."""
+files, a video job's per-video summary), ``_SUCCESS`` last: a reader that waits for
+``_SUCCESS`` finds everything else in place."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
 from ..runners.reuse import write_deleted
 from .ledger import Commit, CommitTally, OutputLedger
+from .videos import write_video_summary
 
 __all__ = ["batch_answers", "finish"]
 
@@ -24,6 +26,8 @@ def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLe
     extra = write_deleted(previous, cfg, plan, ledger, report) if previous else {}
     if cfg.sink.format == "openai-batch":
         batch_answers(ledger, ledger.commits(), plan.input_errors)
+    if any(f.format == "video" for f in plan.inputs):
+        write_video_summary(ledger, [c.file for c in ledger.commits() if c.file])
     ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
 
 

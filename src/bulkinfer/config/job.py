@@ -57,8 +57,10 @@ class JobConfig(Section):
 
     @property
     def passthrough_columns(self) -> list[str]:
-        """Input columns copied to the output: the id column and ``sink.keep_columns``, once each."""
-        return list(dict.fromkeys(c for c in [self.source.id_column, *self.sink.keep_columns] if c))
+        """Input columns copied to the output: the id column, a video frame's video and time, and
+        ``sink.keep_columns``, once each."""
+        video = ["video_id", "timestamp_s", "frame_index"] if self.source.format == "video" else []
+        return list(dict.fromkeys(c for c in [self.source.id_column, *video, *self.sink.keep_columns] if c))
 
     def require_runnable(self) -> None:
         """Refuse a config that cannot run, naming the missing field."""

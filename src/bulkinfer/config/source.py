@@ -7,8 +7,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..core.media import looks_like_images, looks_like_tars
+from ..core.media import looks_like_images, looks_like_tars, looks_like_videos
 from .base import Section
+
+
+class VideoConfig(Section):
+    fps: float = Field(default=1.0, gt=0)
+    """Frames sampled a second: row k is the first frame shown at or after k / fps seconds (at most the
+    video's own rate)."""
+    keyframes: bool = False
+    """Sample every keyframe instead (fps is then not used)."""
 
 
 class SourceConfig(Section):
@@ -17,14 +25,15 @@ class SourceConfig(Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options for the inputs' object store (s3: endpoint_url, key, secret, profile, client_kwargs...);
     empty: the store's usual configuration (AWS_* variables, a profile, an instance role). Never stored."""
-    format: Literal["auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images", "webdataset"] = (
-        "auto"
-    )
+    format: Literal[
+        "auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images", "webdataset", "video"
+    ] = "auto"
     """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
     openai-batch; paths or globs that all end in a picture's extension, photos/*.jpg: images). delta: paths
     are Delta Lake tables; iceberg: paths are Iceberg table names in source.catalog; images: each path (a
     folder, glob or URI) is a set of pictures, one row each (columns id, path, image); webdataset (.tar): WebDataset
-    shards, one row per key (id, image, text, and the .json member's fields)."""
+    shards, one row per key (id, image, text, and the .json member's fields); video (.mp4, .mkv, .webm, .mov, .avi):
+    one row per sampled frame (id, video_id, timestamp_s, frame_index, image), see source.video."""
     id_column: str | None = None
     """Column that identifies a row; copied to the output and to error records. Optional (pictures: 'id',
     each file's path relative to its input's root)."""
@@ -61,6 +70,9 @@ class SourceConfig(Section):
     """An earlier output of this job, written with input hashes (--incremental-from): rows whose id and
     input are unchanged take their results from it instead of being inferred."""
 
+    video: VideoConfig = Field(default_factory=lambda: VideoConfig())
+    """Videos: how frames are sampled ({fps = 2} or {keyframes = true})."""
+
     @model_validator(mode="before")
     @classmethod
     def _pictures_by_name(cls, data: Any) -> Any:
@@ -73,7 +85,9 @@ class SourceConfig(Section):
             data = {**data, "format": "images"}
         if data.get("format", "auto") == "auto" and paths and all(looks_like_tars(str(p)) for p in paths):
             data = {**data, "format": "webdataset"}
-        if data.get("format") in ("images", "webdataset") and data.get("id_column") is None:
+        if data.get("format", "auto") == "auto" and paths and all(looks_like_videos(str(p)) for p in paths):
+            data = {**data, "format": "video"}
+        if data.get("format") in ("images", "webdataset", "video") and data.get("id_column") is None:
             data = {**data, "id_column": "id"}
         return data
 

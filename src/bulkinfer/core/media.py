@@ -1,9 +1,21 @@
-"""What pictures are named: the extensions that make a path an image input (config's format
-detection and the listing of a folder share them)."""
+"""What pictures and videos are named (config's format detection and the listings share the
+extensions), and a video frame's raw form in a picture column."""
 
 from __future__ import annotations
 
-__all__ = ["IMAGE_EXTENSIONS", "looks_like_images", "looks_like_tars"]
+import struct
+
+import numpy as np
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
+    "from_raw_frame",
+    "looks_like_images",
+    "looks_like_tars",
+    "looks_like_videos",
+    "raw_frame",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 """What a folder's pictures are named (case aside); a glob's matches are taken whatever their names."""
@@ -17,3 +29,29 @@ def looks_like_images(path: str) -> bool:
 def looks_like_tars(path: str) -> bool:
     """Whether a path or glob names tar files (WebDataset shards: ``shards/*.tar``)."""
     return path.lower().rstrip("/").endswith(".tar")
+
+
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
+"""What videos are named (case aside): a path or glob ending so is read as video frames."""
+
+_RAW = b"\x00bulkinfer-rgb24\x00"
+
+
+def looks_like_videos(path: str) -> bool:
+    """Whether a path or glob names videos by its extension (``clips/*.mp4``)."""
+    return path.lower().rstrip("/").endswith(VIDEO_EXTENSIONS)
+
+
+def raw_frame(rgb: np.ndarray) -> bytes:
+    """A decoded frame (``H x W x 3`` uint8 RGB) as a picture column's bytes: a marker, its
+    height and width, its pixels; the decode pool takes it back without decoding."""
+    h, w = rgb.shape[:2]
+    return _RAW + struct.pack("<II", h, w) + np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()
+
+
+def from_raw_frame(data: bytes) -> np.ndarray | None:
+    """The frame :func:`raw_frame` wrote, or None for any other bytes (an encoded picture)."""
+    if not data.startswith(_RAW):
+        return None
+    h, w = struct.unpack_from("<II", data, len(_RAW))
+    return np.frombuffer(data, np.uint8, offset=len(_RAW) + 8).reshape(h, w, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob as _glob
 import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import fsspec
@@ -20,6 +21,7 @@ from .images import image_inputs
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
 from .tables import table_inputs
+from .video import sampling_spec
 
 __all__ = ["expand_inputs", "fingerprint", "list_inputs"]
 
@@ -138,4 +140,9 @@ def list_inputs(
     before = {f.uri: f for f in known}
     encoding = getattr(source, "encoding", "auto")
     items = [(u, detect_format(u, declared_format), found[u], before.get(u), encoding) for u in unique]
-    return concurrently(lambda item: fingerprint(*item), items, unique)
+    files = concurrently(lambda item: fingerprint(*item), items, unique)
+    video = getattr(source, "video", None)
+    if video is not None:  # how each video's rows are sampled: carried into its shards, part of its fingerprint
+        spec = sampling_spec(video.fps, video.keyframes)
+        files = [replace(f, encoding=spec) if f.format == "video" else f for f in files]
+    return files

@@ -10,14 +10,16 @@ from .images import ImageFilesFormat
 from .jsonl import JsonlFormat
 from .openai_batch import OpenAIBatchFormat
 from .parquet import ParquetFormat
+from .video import VideoFormat
 from .webdataset import WebDatasetFormat
 
 __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "get_format"]
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (ParquetFormat(), CsvFormat(), JsonlFormat(), OpenAIBatchFormat(), ImageFilesFormat(), WebDatasetFormat())
-}
+_ALL: tuple[Format, ...] = (
+    ParquetFormat(), CsvFormat(), JsonlFormat(), OpenAIBatchFormat(),
+    ImageFilesFormat(), WebDatasetFormat(), VideoFormat(),
+)  # fmt: skip
+FORMATS: dict[str, Format] = {f.name: f for f in _ALL}
 
 EXTENSIONS: dict[str, str] = {ext: f.name for f in FORMATS.values() for ext in f.extensions}
 
