@@ -24,6 +24,9 @@ class ServeConfig(Section):
     """A request with more rows gets 413."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     """A request body larger than this gets 413."""
+    max_image_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """Picture models: one picture (an upload, or base64 in JSON) larger than this gets 413; its pixels are
+    limited by source.max_image_pixels (over it: 400)."""
     api_keys_file: str | None = None
     """File with one API key per line; when set, requests need `Authorization: Bearer <key>`."""
     tls_cert: str | None = None

@@ -3,7 +3,8 @@ module holds the routing and the lifespan; the model behind the routes is
 :class:`.server.Server`; request checks are in :mod:`.validation`, API keys in
 :mod:`.auth`, the OpenAI route in :mod:`.openai`.
 
-Routes: ``POST /v1/predict`` (rows in, the offline output's columns out),
+Routes: ``POST /v1/predict`` (rows in, the offline output's columns out; pictures as an upload
+or base64: :mod:`.images`),
 ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/completions`` (OpenAI-compatible),
 ``GET /v1/results/{id}`` (precomputed, with live fallback), ``GET /healthz``, ``GET /readyz``,
 ``GET /metrics`` (Prometheus); with ``serve.batches``, the Files and Batches APIs
@@ -24,10 +25,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..adapters.image import ImageAdapter
 from ..config import JobConfig
 from ..llm.openai_api import CHAT, COMPLETIONS
 from . import openai
 from .generation import generate
+from .images import image_table
 
 if TYPE_CHECKING:
     pass
@@ -46,9 +49,11 @@ def build_app(cfg: JobConfig) -> Starlette:
     async def predict(request: Request) -> Response:
         if server.model.kind == "generate":
             raise ApiError(404, f"a generation model answers POST {CHAT} and {COMPLETIONS}", "not_found")
-        body = await read_body(request, server.sv.max_body_bytes)
-        rows = body.get("rows") if isinstance(body, dict) else None
-        table = server.check_rows(rows)
+        if isinstance(server.adapter, ImageAdapter):
+            table = await image_table(request, server.adapter.image_column, server.passthrough, server.sv)
+        else:
+            body = await read_body(request, server.sv.max_body_bytes)
+            table = server.check_rows(body.get("rows") if isinstance(body, dict) else None)
         request.state.rows = table.num_rows
         server.keys.charge_rows(request, table.num_rows)
         answer = await server.infer(table)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
+from ..adapters.image import ImageAdapter
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError
 from ..core.locks import try_lock
@@ -53,6 +54,8 @@ class Server:
         self.model, self.adapter = settled.model, settled.adapter
         self.model_names = served_names(cfg, self.model)  # what an OpenAI request's model may say
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
+        if isinstance(self.adapter, ImageAdapter) and "id" not in self.passthrough:
+            self.passthrough.insert(0, "id")  # a picture's answer names it: its file name, or the id sent
         self.metrics = ServeMetrics()
         self.batcher: Batcher | None = None
         self.setup_error: str | None = None
