@@ -521,3 +521,20 @@ def test_fast_shards_go_several_to_a_call_and_each_commits_once(tmp_path, local_
     assert len(_success(tmp_path / "out")["files"]) == 300
     assert read_output(tmp_path / "out").sort_by("id")["y"].to_pylist() == [2 * i for i in range(300)]
     assert result.report["rows_out"] == 300 and result.report["reuse"]["rows_inferred"] == 300
+
+
+def test_pictures_on_ray_equal_local(tmp_path, local_ray):
+    from pictures import write_bad, write_photos
+
+    names = write_photos(tmp_path / "photos", 6, scale=0.5)
+    write_bad(tmp_path / "photos")
+    common = {"model.name": "nudenet", "source.format": "images", "source.shard_rows": 2, "execution.max_errors": 3}
+    local = run_job(_cfg(tmp_path / "local", [tmp_path / "photos"], **common))
+    on_ray = run_job(_cfg(tmp_path / "ray", [tmp_path / "photos"], **common, **{"execution.backend": "ray"}))
+    assert local.status == on_ray.status == "complete"
+    rows = read_output(tmp_path / "ray").sort_by("id")
+    assert rows.column("id").to_pylist() == sorted(names)
+    assert (
+        rows.column("detections").to_pylist() == read_output(tmp_path / "local").sort_by("id")["detections"].to_pylist()
+    )
+    assert on_ray.report["rows_failed"] == 3

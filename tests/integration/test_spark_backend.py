@@ -179,3 +179,20 @@ def test_fast_shards_go_several_to_a_task_and_each_commits_once(tmp_path, spark,
     assert got["id"].to_pylist() == list(range(200)) and got["y"].to_pylist() == [2 * i for i in range(200)]
     assert len(json.loads((tmp_path / "out" / "_SUCCESS").read_text())["files"]) == 200
     assert result.report["rows_out"] == 200 and result.report["reuse"]["rows_inferred"] == 200
+
+
+def test_video_frames_on_spark_equal_local(tmp_path, spark):
+    from pictures import write_video
+
+    write_video(tmp_path / "clips" / "a.mkv", 4.0)
+    write_video(tmp_path / "clips" / "b.mkv", 3.0)
+    common = {"model.name": "nudenet", "source.format": "video", "source.shard_rows": 3, "source.video": {"fps": 2}}
+    local = run_job(_cfg(tmp_path / "local", [tmp_path / "clips"], **common))
+    on_spark = run_job(_cfg(tmp_path / "spark", [tmp_path / "clips"], **common, **{"execution.backend": "spark"}))
+    assert local.status == on_spark.status == "complete"
+    ours = read_output(tmp_path / "spark").sort_by("id").to_pylist()
+    assert [(r["id"], r["timestamp_s"]) for r in ours] == [
+        (r["id"], r["timestamp_s"]) for r in read_output(tmp_path / "local").sort_by("id").to_pylist()
+    ]
+    assert len(ours) == 14
+    assert (tmp_path / "spark" / "_videos.parquet").exists()
