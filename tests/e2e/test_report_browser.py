@@ -96,3 +96,36 @@ def test_report_page_in_a_real_browser(tmp_path):
     assert f"{report['rows_out']:,}" in html and report["drift"]["status"] == "drift"
     assert len(report["timeline"]) >= 8  # one point per commit
     (ARTIFACTS / "report.html").write_text(html)
+
+
+def test_report_of_a_picture_job_shows_thumbnails(tmp_path):
+    from pictures import write_bad, write_photos
+
+    chromium()
+    write_photos(tmp_path / "photos", 16, scale=0.5)
+    bad = write_bad(tmp_path / "photos")
+    cli("run", "--input", "photos/*.jpg", "--model", "nudenet", "--output", "out", "--set", "execution.max_errors=5",
+        cwd=tmp_path, check=True)  # fmt: skip
+    cli("report", "out", "-o", "r.html", cwd=tmp_path, check=True)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto((tmp_path / "r.html").as_uri(), wait_until="load")
+        thumbs = page.evaluate("""() => [...document.querySelectorAll('#pictures figure.thumb')].map(f => {
+            const img = f.querySelector('img');
+            return {caption: f.querySelector('figcaption').textContent,
+                    w: img ? img.naturalWidth : 0, h: img ? img.naturalHeight : 0};
+        })""")
+        page.locator("#pictures").screenshot(path=str(ARTIFACTS / "report-pictures.png"))
+        browser.close()
+    assert [u for u in requests if not u.startswith("data:")] == [(tmp_path / "r.html").as_uri()]
+    shown = [t for t in thumbs if t["w"]]
+    assert shown and all(max(t["w"], t["h"]) == 160 for t in shown)  # drawn small, from the job's own files
+    face = [t for t in shown if t["caption"].split(":")[0].endswith("astronaut.jpg")]
+    assert face, thumbs  # NudeNet's face on the astronaut, among the highest scores
+    errors = [t for t in thumbs if not t["w"]]
+    assert sorted(t["caption"].split(":")[0] for t in errors) == sorted(bad)  # each bad file, named, not drawn

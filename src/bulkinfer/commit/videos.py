@@ -8,11 +8,12 @@ file again, so it is there once whatever was killed)."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
+from ..core.media import labels_in
 from .ledger import OutputLedger
 
 __all__ = ["VIDEO_SUMMARY", "summarize_videos", "write_video_summary"]
@@ -24,18 +25,6 @@ SCHEMA = pa.schema(
 )  # fmt: skip
 
 
-def _labels(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    """Every (label, score) a frame's row holds: lists of {label, score} (detections, top-k
-    labels) and a scalar label with its score."""
-    for value in row.values():
-        if isinstance(value, list):
-            for item in value:
-                if isinstance(item, dict) and item.get("label") is not None and item.get("score") is not None:
-                    yield str(item["label"]), float(item["score"])
-    if isinstance(row.get("label"), str) and isinstance(row.get("score"), int | float):
-        yield row["label"], float(row["score"])
-
-
 def summarize_videos(rows: Iterable[dict[str, Any]]) -> pa.Table:
     """The summary of frame rows (each with ``video_id`` and ``timestamp_s``)."""
     seen: dict[tuple[str, str], list[Any]] = {}
@@ -44,7 +33,7 @@ def summarize_videos(rows: Iterable[dict[str, Any]]) -> pa.Table:
         video, t = row["video_id"], float(row["timestamp_s"])
         frames[video] = frames.get(video, 0) + 1
         best: dict[str, float] = {}
-        for label, score in _labels(row):
+        for label, score in labels_in(row):
             best[label] = max(score, best.get(label, score))
         for label, score in best.items():
             s = seen.setdefault((video, label), [score, t, t, 0])

@@ -4,6 +4,8 @@ extensions), and a video frame's raw form in a picture column."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +13,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "VIDEO_EXTENSIONS",
     "from_raw_frame",
+    "labels_in",
     "looks_like_images",
     "looks_like_tars",
     "looks_like_videos",
@@ -55,3 +58,15 @@ def from_raw_frame(data: bytes) -> np.ndarray | None:
         return None
     h, w = struct.unpack_from("<II", data, len(_RAW))
     return np.frombuffer(data, np.uint8, offset=len(_RAW) + 8).reshape(h, w, 3)
+
+
+def labels_in(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """Every (label, score) an output row of a picture model holds: lists of {label, score}
+    (detections, top-k labels) and a scalar label with its score."""
+    for value in row.values():
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict) and item.get("label") is not None and item.get("score") is not None:
+                    yield str(item["label"]), float(item["score"])
+    if isinstance(row.get("label"), str) and isinstance(row.get("score"), int | float):
+        yield row["label"], float(row["score"])

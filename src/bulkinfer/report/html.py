@@ -24,11 +24,13 @@ from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..outputs.read import normalise, private_json
 from .charts import GREEN, ORANGE, RED, Charts, num
+from .thumbnails import picture_rows, thumbnail
 
 __all__ = ["load_run", "render_report"]
 
 _MAX_ERROR_FILES = 50
 _EXAMPLES = 3
+_BAD_PICTURES = 12
 
 
 # -- what the run left behind -----------------------------------------------------------
@@ -42,6 +44,7 @@ def load_run(out: str) -> dict[str, Any]:
     manifest = json.loads(manifest_bytes) if manifest_bytes else None
     errors: Counter[tuple[str, str]] = Counter()
     examples: dict[tuple[str, str], list[str]] = {}
+    bad_rows: list[dict[str, Any]] = []  # error records with an id: a picture job shows them
     names = (manifest or {}).get("error_files", [])[:_MAX_ERROR_FILES]
     for name in names:
         data = read_whole(f"{where}/{name}") or b""
@@ -51,11 +54,17 @@ def load_run(out: str) -> dict[str, Any]:
             ex = examples.setdefault(key, [])
             if len(ex) < _EXAMPLES:
                 ex.append(rec.headline())
+            if rec.id is not None and len(bad_rows) < _BAD_PICTURES:
+                bad_rows.append({"id": rec.id, "message": rec.message})
+    job = private_json(where, "job.json") or {}
+    parts = [f["name"] for f in (manifest or {}).get("files", [])]
     return {
         "output": where,
         "report": report,
         "stats": private_json(where, "stats.json"),
-        "job": private_json(where, "job.json") or {},
+        "job": job,
+        "pictures": picture_rows(where, job, parts),
+        "bad_pictures": bad_rows,
         "manifest": manifest,
         "errors": [
             {"stage": s, "type": t, "rows": n, "examples": examples[(s, t)]} for (s, t), n in errors.most_common()
@@ -183,8 +192,34 @@ def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     else:
         out.append(_section("Errors", "<p>No row failed.</p>", "errors"))
 
+    if run.get("pictures") is not None:
+        out.append(_section("Pictures", _pictures(run), "pictures"))
     out.extend(_stats_sections(run, charts))
     return out
+
+
+def _figure(job: Mapping[str, Any], row: Mapping[str, Any], caption: str) -> str:
+    uri = thumbnail(job, row)
+    shown = (
+        f'<img src="{uri}" alt="{html.escape(str(row.get("id")))}">' if uri else '<div class="nopic">not shown</div>'
+    )
+    return f'<figure class="thumb">{shown}<figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def _pictures(run: Mapping[str, Any]) -> str:
+    """The best-scored rows of each label and the error rows, as small pictures."""
+    job, blocks = run["job"], []
+    for label, rows in run["pictures"].items():
+        figures = "".join(_figure(job, r, f"{r['id']}: {r['score']:.3f}") for r in rows)
+        blocks.append(f'<h3>{html.escape(label)} <small>highest scores</small></h3><div class="thumbs">{figures}</div>')
+    if not run["pictures"]:
+        blocks.append("<p>No row has a label with a score.</p>")
+    if run["bad_pictures"]:
+        figures = "".join(_figure(job, r, r["message"]) for r in run["bad_pictures"])
+        blocks.append(
+            f'<h3>Error rows <small>first {len(run["bad_pictures"])}</small></h3><div class="thumbs">{figures}</div>'
+        )
+    return "".join(blocks)
 
 
 def _stats_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
@@ -324,6 +359,9 @@ td:nth-child(n+2){font-variant-numeric:tabular-nums}
 .row{display:flex;gap:20px;align-items:flex-start;flex-wrap:wrap} .row figure{flex:1 1 560px}
 figure{margin:8px 0} figcaption{font-size:12px;color:#5b6270} svg.chart{max-width:100%;height:auto}
 .badge{color:#fff;border-radius:4px;padding:1px 8px;font-size:13px} code{font-size:12px}
+.thumbs{display:flex;flex-wrap:wrap;gap:10px} figure.thumb{width:170px;margin:0} figure.thumb img{max-width:160px}
+.nopic{width:160px;height:90px;background:#eceef2;color:#8a8f98;display:flex;align-items:center;justify-content:center}
+figure.thumb figcaption{word-break:break-all}
 """
 
 
@@ -340,6 +378,7 @@ def render_report(run: Mapping[str, Any], comparison: Mapping[str, Any] | None =
             ("throughput", "Throughput"),
             ("stages", "Time"),
             ("errors", "Errors"),
+            ("pictures", "Pictures"),
             ("stats", "Statistics"),
             ("drift", "Drift"),
             ("compare", "Comparison"),

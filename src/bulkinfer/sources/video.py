@@ -27,7 +27,7 @@ from ..core.media import VIDEO_EXTENSIONS, raw_frame
 from ..core.storage import filesystem
 from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
-__all__ = ["VideoFormat", "sampling_spec"]
+__all__ = ["VideoFormat", "open_video", "sampling_spec"]
 
 SCHEMA = pa.schema(
     [("id", pa.string()), ("video_id", pa.string()), ("timestamp_s", pa.float64()), ("frame_index", pa.int64()),
@@ -48,7 +48,7 @@ def _fps(spec: str | None) -> float | None:
     raise SourceError(f"the video's sampling {spec!r} is not known; plan the job again")
 
 
-def _open(uri: str) -> tuple[Any, Any]:
+def open_video(uri: str) -> tuple[Any, Any]:
     import av
 
     fs, path = filesystem(uri)
@@ -69,7 +69,7 @@ def _open(uri: str) -> tuple[Any, Any]:
 def _probe(uri: str, version: str, spec: str) -> tuple[float, float, tuple[float, ...]]:
     """Duration (s), average frame rate, and the sample times (``version``: the file's, so a
     rewritten file is probed again)."""
-    container, handle = _open(uri)
+    container, handle = open_video(uri)
     try:
         stream = container.streams.video[0]
         rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
@@ -128,7 +128,7 @@ def _frames(shard: Shard, bad: BadRow, video_id: str) -> Iterator[tuple[int, dic
 
     _duration, rate, times = _probe(shard.uri, _version(shard.uri), shard.encoding or "")
     targets = list(enumerate(times[shard.start : shard.stop], start=shard.start))
-    container, handle = _open(shard.uri)
+    container, handle = open_video(shard.uri)
     at = 0
     try:
         stream = container.streams.video[0]
