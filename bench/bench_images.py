@@ -126,12 +126,13 @@ def ray_nudenet(folder: Path) -> float:
         ray.shutdown()
 
 
-def bulkinfer_run(paths_glob: str, model: str, out: Path) -> tuple[float, dict]:
+def bulkinfer_run(paths_glob: str, model: str, out: Path, **sections: dict) -> tuple[float, dict]:
     from bulkinfer import load_config, run_job
 
     shutil.rmtree(out, ignore_errors=True)
-    cfg = load_config(None, {"source": {"paths": [paths_glob]}, "model": {"name": model}, "sink": {"path": str(out)},
-                             "execution": {"progress": "none"}})  # fmt: skip
+    cfg = load_config(None, {"source": {"paths": [paths_glob], **sections.get("source", {})}, "model": {"name": model},
+                             "sink": {"path": str(out)}, "execution": {"progress": "none"},
+                             "runtime": sections.get("runtime", {})})  # fmt: skip
     t0 = time.perf_counter()
     result = run_job(cfg)
     return time.perf_counter() - t0, result.report
@@ -172,6 +173,94 @@ def bench_ocr(k: int) -> None:
     print(f"  (text identical on {same}/{k})")
 
 
+def bench_bf16(paths: list[Path], loop: float, n: int) -> None:
+    seconds, report = bulkinfer_run(str(paths[0].parent / "*.jpg"), "nudenet", WORK / "out-bf16",
+                                    runtime={"precision": "bf16", "engine": "openvino"})  # fmt: skip
+    q = report.get("quality") or {}
+    print(
+        f"  {'bulkinfer bf16 on OpenVINO (gated)':38s} {n / seconds:7.1f} photos/s  {loop / seconds:.2f}x the loop"
+        f"  (gate: boxes_matched {q.get('boxes_matched')} on {q.get('rows')} rows, passed {q.get('passed')})"
+    )
+
+
+def make_video(seconds: int) -> Path:
+    import av
+
+    path = WORK / f"video-{seconds}s.mp4"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 1280, 720, "yuv420p"
+        stream.codec_context.gop_size = 60
+        base = rng.integers(0, 255, (720, 1280, 3), np.uint8)
+        for i in range(seconds * 30):
+            frame = np.roll(base, i * 8, axis=1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def pyav_loop(path: Path, fps: float) -> tuple[float, int]:
+    """PyAV's bare seek-and-decode loop: for each sample time, seek, decode to it, take the frame."""
+    import av
+
+    t0 = time.perf_counter()
+    n = 0
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        duration = float(stream.duration * stream.time_base)
+        k = 0
+        while k / fps < duration:
+            t = k / fps
+            container.seek(int(t / stream.time_base), stream=stream, backward=True, any_frame=False)
+            for frame in container.decode(stream):
+                if frame.time is not None and frame.time + 1e-3 >= t:
+                    frame.to_ndarray(format="rgb24")
+                    n += 1
+                    break
+            k += 1
+    return time.perf_counter() - t0, n
+
+
+def bench_video(seconds: int) -> None:
+    path = make_video(seconds)
+    (WORK / "clips").mkdir(exist_ok=True)
+    link = WORK / "clips" / path.name
+    if not link.exists():
+        link.symlink_to(path)
+    loop, n = pyav_loop(path, 1.0)
+    ours, report = bulkinfer_run(str(WORK / "clips" / "*.mp4"), "bench_models:Nothing", WORK / "out-video",
+                                 source={"video": {"fps": 1.0}, "shard_rows": 30})  # fmt: skip
+    rows = report["rows_out"]
+    print(f"\nVideo, {seconds} s of 1280x720 H.264 at 30 fps, sampled at 1 fps (a model that does nothing):")
+    print(f"  PyAV seek-and-decode loop  {n / loop:7.1f} frames/s")
+    print(f"  bulkinfer                  {rows / ours:7.1f} frames/s  {(rows / ours) / (n / loop):.2f}x  ({rows} rows)")
+
+
+def bench_memory(n: int, big: int) -> None:
+    """Peak memory (the process's VmHWM) of bulkinfer over n and over ``big`` photos, each in its own process."""
+    import subprocess
+
+    peaks = {}
+    for count in (n, big):
+        folder = make_photos(count)[0].parent
+        code = (f"import sys; sys.argv=['bench']; sys.path.insert(0, {str(HERE)!r}); import bench_images as b; "
+                f"b.bulkinfer_run({str(folder / '*.jpg')!r}, 'nudenet', b.WORK / 'out-mem'); "
+                "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        peaks[count] = int(out.split()[-1]) / 1024
+    print(
+        f"\nPeak memory: {n} photos {peaks[n]:.0f} MiB, {big} photos {peaks[big]:.0f} MiB "
+        f"({peaks[big] / peaks[n] - 1:+.0%})"
+    )
+
+
 def main() -> None:
     from machine import describe
 
@@ -179,6 +268,9 @@ def main() -> None:
     parser.add_argument("photos", type=int, nargs="?", default=2000)
     parser.add_argument("--ocr-pages", type=int, default=60)
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--bf16", action="store_true", help="also bf16 on OpenVINO (gated; CPUs with bf16 only)")
+    parser.add_argument("--video-s", type=int, default=0, help="seconds of 720p video for the frame-sampling figure")
+    parser.add_argument("--memory", type=int, default=0, help="peak memory at N photos and at this many")
     args = parser.parse_args()
     print(describe())
     paths = make_photos(args.photos)
@@ -194,8 +286,14 @@ def main() -> None:
         print(f"  {name:38s} {n / seconds:7.1f} photos/s  bulkinfer is {seconds / ours:.2f}x this")
     busy = report["time_s"]["infer"] / report["run_s"]
     print(f"  bulkinfer time split: {report['time_share']} (model busy {busy:.0%} of the run)")
+    if args.bf16:
+        bench_bf16(paths, loop, n)
+    if args.video_s:
+        bench_video(args.video_s)
     if args.ocr_pages:
         bench_ocr(args.ocr_pages)
+    if args.memory:
+        bench_memory(n, args.memory)
 
 
 if __name__ == "__main__":

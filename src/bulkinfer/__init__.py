@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._version import __version__
 from .adapters.base import Adapter, SetupContext
+from .adapters.image import ImageAdapter
 from .config import JobConfig, load_config
 from .core.errors import (
     BulkinferError,
@@ -31,6 +32,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "ErrorBudgetExceeded",
+    "ImageAdapter",
     "Interrupted",
     "JobConfig",
     "JobMismatchError",

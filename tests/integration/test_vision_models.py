@@ -188,3 +188,34 @@ def test_custom_image_adapter_gets_decoded_rgb(tmp_path, monkeypatch):
     assert rows["red.png"]["red"] == 200.0 and rows["red.png"]["height"] == 5
     errors = [line for f in (tmp_path / "out" / "_errors").iterdir() for line in f.read_text().splitlines()]
     assert sorted(json.loads(e)["id"] for e in errors) == ["empty.jpg", "text.jpg", "truncated.jpg"]
+
+
+def test_bf16_on_openvino_is_gated_on_the_jobs_boxes(tmp_path):
+    from bulkinfer.core.hardware import emulated
+
+    if emulated("cpu", "bf16"):
+        pytest.skip("this CPU has no bf16 instructions: bf16 is refused here (test_bf16_refusals covers it)")
+    names = write_photos(tmp_path / "photos", 16, scale=0.5)
+    runtime = {"precision": "bf16", "engine": "openvino", "quality_sample_rows": 16}
+    table = _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", runtime=runtime)
+    assert table.column("id").to_pylist() == sorted(names)
+    quality = json.loads((tmp_path / "out" / "_bulkinfer" / "quality.json").read_text())
+    assert quality["precision"] == "bf16" and quality["rows"] == 16 and quality["passed"]
+    assert quality["boxes_matched"] >= 0.99 and quality["boxes_fp32"] > 0
+
+
+def test_bf16_refusals(tmp_path):
+    from bulkinfer.core.errors import ConfigError
+
+    write_photos(tmp_path / "photos", 1, scale=0.2)
+    with pytest.raises(ConfigError, match="picture models run bf16 on openvino"):
+        _run(
+            tmp_path,
+            [str(tmp_path / "photos/*.jpg")],
+            "nudenet",
+            runtime={"precision": "bf16", "engine": "onnxruntime"},
+        )
+    with pytest.raises(ConfigError, match="int8 is not built for picture model 'nudenet'"):
+        _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", runtime={"precision": "int8"})
+    with pytest.raises(ConfigError, match="bf16 is not built for picture model 'ocr'; use fp32"):
+        _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "ocr", runtime={"precision": "bf16"})

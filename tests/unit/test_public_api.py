@@ -9,6 +9,7 @@ def test_public_names_are_pinned():
             "ClusterError",
             "ConfigError",
             "ErrorBudgetExceeded",
+            "ImageAdapter",
             "Interrupted",
             "JobConfig",
             "JobMismatchError",

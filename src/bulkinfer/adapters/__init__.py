@@ -180,15 +180,15 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         raise ConfigError(
             f"source.format: an OpenAI batch file needs a generation or text-embedding model, not a {model.kind} one"
         )
-    if cfg.runtime.precision != "fp32":
-        raise ConfigError(
-            f"runtime.precision: {cfg.runtime.precision} applies to text models; "
-            "tabular and custom models run as they are"
-        )
     if model.kind in ("image-onnx", "nudenet", "ocr"):
         from .vision import vision_adapter
 
         return vision_adapter(cfg, model.kind, model.location)
+    if cfg.runtime.precision != "fp32":
+        raise ConfigError(
+            f"runtime.precision: {cfg.runtime.precision} applies to text and picture models; "
+            "tabular and custom models run as they are"
+        )
     if model.kind == "onnx":
         from .onnx_model import OnnxAdapter
 

@@ -46,5 +46,5 @@ class NudeNetAdapter(ImageOnnxAdapter):
 
     batch_size_hint = 8
 
-    def __init__(self, **image: Any) -> None:
-        super().__init__(nudenet_model(), OPTIONS, **image)
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(nudenet_model(), OPTIONS, **settings)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import JobConfig
-from ..core.errors import ModelError
+from ..core.errors import ConfigError, ModelError
+from ..core.hardware import emulated
 from .base import Adapter
 from .digest import digest_path
 from .image import ImageAdapter
@@ -49,24 +50,49 @@ def _image_settings(cfg: JobConfig) -> dict[str, Any]:
     }
 
 
+def _engine(cfg: JobConfig, kind: str) -> dict[str, str]:
+    """The engine and precision of an ONNX picture model: fp32 on ONNX Runtime (or OpenVINO when
+    asked), bf16 on OpenVINO where the CPU has bf16 instructions; anything else refused."""
+    rt = cfg.runtime
+    if rt.precision not in ("fp32", "bf16") or (kind == "ocr" and rt.precision != "fp32"):
+        allowed = "fp32" if kind == "ocr" else "fp32 or bf16 (OpenVINO, gated)"
+        raise ConfigError(f"runtime.precision: {rt.precision} is not built for picture model {kind!r}; use {allowed}")
+    if rt.engine not in ("auto", "onnxruntime", "openvino"):
+        raise ConfigError(f"runtime.engine: {rt.engine} does not run picture model {kind!r}; use onnxruntime")
+    if kind == "ocr":  # auto: OpenVINO where it is installed (the same fp32 graphs, faster here)
+        auto = "openvino" if importlib.util.find_spec("openvino") is not None else "onnxruntime"
+        return {"engine": auto if rt.engine == "auto" else rt.engine}
+    if rt.precision == "bf16":
+        if rt.engine == "onnxruntime":
+            raise ConfigError("runtime.precision = bf16: picture models run bf16 on openvino; set runtime.engine")
+        if rt.device != "cpu" or emulated("cpu", "bf16"):
+            raise ConfigError(
+                "runtime.precision = bf16: this CPU has no bf16 instructions (AVX-512 bf16 or AMX): "
+                "it would run in fp32, slower; use fp32"
+            )
+        return {"engine": "openvino", "precision": "bf16"}
+    return {"engine": "openvino" if rt.engine == "openvino" else "onnxruntime", "precision": "fp32"}
+
+
 def vision_adapter(cfg: JobConfig, kind: str, location: str) -> Adapter:
     """The adapter of a picture model (``kind``: nudenet, ocr or image-onnx; ``location``: its file)."""
     image = _image_settings(cfg)
+    engine = _engine(cfg, kind)
     if kind == "nudenet":
         from .nudenet import NudeNetAdapter
 
         if cfg.model.options:
             raise ModelError("model.options: NudeNet takes none (its preprocessing is its own); drop them")
-        return NudeNetAdapter(**image)
+        return NudeNetAdapter(**engine, **image)
     if kind == "ocr":
         from .ocr import OcrAdapter
 
         if cfg.model.options:
             raise ModelError("model.options: the OCR model takes none; drop them")
-        return OcrAdapter(**image)
+        return OcrAdapter(**engine, **image)
     from .image_onnx import ImageOnnxAdapter, parse_options
 
-    return ImageOnnxAdapter(location, parse_options(dict(cfg.model.options), "model.options"), **image)
+    return ImageOnnxAdapter(location, parse_options(dict(cfg.model.options), "model.options"), **engine, **image)
 
 
 def fit_image_adapter(adapter: Adapter, cfg: JobConfig) -> Adapter:

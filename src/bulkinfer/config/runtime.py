@@ -28,7 +28,8 @@ class RuntimeConfig(Section):
     quality gate, the outlier channels then the fewest most-sensitive blocks that pass it, found on the job's
     rows and cached per model, machine kind and floor."""
     quality_floor: float = Field(default=0.99, ge=-1, le=1)
-    """A lowered precision must keep the mean cosine to fp32 on the job's own rows at least this high."""
+    """A lowered precision must keep the mean cosine to fp32 on the job's own rows at least this high (a
+    detector: the share of boxes it finds as fp32 does, same label and IoU >= 0.9)."""
     quality_sample_rows: int = Field(default=512, ge=2)
     """Rows of the job's input the quality gate compares on (taken from across the input)."""
     device: str = "cpu"

@@ -29,6 +29,7 @@ from ..core.errors import QualityGateError
 from ..core.hardware import int8_scheme, isa_key
 from ..engines import default_cache_dir
 from ..sources import ROW, Shard, read_shard
+from .detections import compare_detections
 
 if TYPE_CHECKING:
     from ..adapters import ResolvedModel
@@ -149,7 +150,10 @@ def quality_gate(
             outputs.update(columns)
         return figures
     a, b = np.asarray(ref[name]), np.asarray(got[name])
-    if a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
+    if name == "detections":  # boxes found as fp32 finds them: same label, IoU >= 0.9
+        figures.update(compare_detections(list(ref[name]), list(got[name])))
+        score = figures["boxes_matched"]
+    elif a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
         figures.update(compare_embeddings(np.stack(list(a)), np.stack(list(b))))
         score = figures["mean_cosine"]
     elif np.issubdtype(a.dtype, np.floating):
@@ -170,7 +174,7 @@ def quality_gate(
         shown = ", ".join(
             f"{k} {v}"
             for k, v in figures.items()
-            if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement")
+            if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement", "boxes_matched")
         )
         err = QualityGateError(
             f"quality gate: {precision} is too far from fp32 on {sample.num_rows} rows of this job ({shown}; "
