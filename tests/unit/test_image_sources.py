@@ -94,3 +94,25 @@ def test_a_folder_of_pictures_without_format_says_what_to_set(tmp_path):
     _tree(tmp_path / "p")
     with pytest.raises(SourceError, match="it holds pictures: pass --set source.format=images"):
         list_inputs([str(tmp_path / "p")])
+
+
+def test_video_settings_on_other_inputs_are_refused():
+    with pytest.raises(ValueError, match="video applies to video inputs, not to format 'parquet'"):
+        SourceConfig(paths=["t.parquet"], format="parquet", video={"fps": 2})
+    assert SourceConfig(paths=["c/*.mp4"], video={"fps": 2}).format == "video"
+
+
+def test_an_fsspec_uri_lists_and_reads_like_a_folder():
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for name in ("b.jpg", "a.png", "sub/c.gif"):
+        fs.pipe(f"/pics-uri/{name}", name.encode())
+    (f,) = image_inputs(["memory://pics-uri"])
+    rows = [r for s in plan_shards([f], 2) for b in read_shard(s, ["id", "path", "image"]) for r in b.to_pylist()]
+    assert [(r["id"], r["image"]) for r in rows] == [
+        ("a.png", b"a.png"),
+        ("b.jpg", b"b.jpg"),
+        ("sub/c.gif", b"sub/c.gif"),
+    ]
+    assert rows[0]["path"] == "memory:///pics-uri/a.png"

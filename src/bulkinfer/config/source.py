@@ -105,6 +105,12 @@ class SourceConfig(Section):
         return value
 
     @model_validator(mode="after")
+    def _video_of_videos(self) -> SourceConfig:
+        if self.video != VideoConfig() and self.format not in ("auto", "video"):
+            raise ValueError(f"video applies to video inputs, not to format {self.format!r}; leave it unset")
+        return self
+
+    @model_validator(mode="after")
     def _encoding_of_text(self) -> SourceConfig:
         if self.encoding != "auto" and self.format in ("parquet", "delta", "iceberg"):
             raise ValueError(f"encoding applies to CSV and JSONL inputs, not to format {self.format!r}; leave it unset")
