@@ -116,3 +116,23 @@ def test_an_fsspec_uri_lists_and_reads_like_a_folder():
         ("sub/c.gif", b"sub/c.gif"),
     ]
     assert rows[0]["path"] == "memory:///pics-uri/a.png"
+
+
+def test_a_linked_picture_or_table_is_listed_as_its_target(tmp_path):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "real.jpg").write_bytes(b"12345")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "linked.jpg").symlink_to(tmp_path / "store" / "real.jpg")
+    (tmp_path / "p" / "plain.jpg").write_bytes(b"x")
+    assert list_images(str(tmp_path / "p")).ids == ("linked.jpg", "plain.jpg")
+    assert list_images(str(tmp_path / "p" / "*.jpg")).sizes == (5, 1)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "store" / "t.parquet")
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "t.parquet").symlink_to(tmp_path / "store" / "t.parquet")
+    assert [f.uri for f in list_inputs([str(tmp_path / "tables")])] == [str(tmp_path / "tables" / "t.parquet")]
+    assert [f.uri for f in list_inputs([str(tmp_path / "tables" / "*.parquet")])] == [
+        str(tmp_path / "tables" / "t.parquet")
+    ]

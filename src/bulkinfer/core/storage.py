@@ -5,7 +5,7 @@ its inputs name. A leaf: it imports nothing of bulkinfer's but the errors."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ from .errors import SourceError
 __all__ = [
     "concurrently",
     "file_version",
+    "files_only",
     "filesystem",
     "is_remote",
     "open_binary",
@@ -138,3 +139,17 @@ def concurrently(fn: Callable[[T], R], items: Sequence[T], uris: Sequence[str] =
 
     with ThreadPoolExecutor(max_workers=min(PLANNING_THREADS, len(items))) as pool:
         return list(pool.map(fn, items))
+
+
+def files_only(fs: Any, found: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The files of a listing (``find``/``glob`` with ``detail=True``) by path. A symbolic link
+    to a file counts as the file (its size and time are the target's): a local listing calls it
+    ``other``, and skipping it would silently leave a linked input out."""
+    out = {}
+    for path, info in found.items():
+        kind = info.get("type", "file")
+        if kind == "file":
+            out[path] = dict(info)
+        elif info.get("islink") and fs.isfile(path):
+            out[path] = dict(fs.info(path))
+    return out

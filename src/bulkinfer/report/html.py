@@ -178,24 +178,27 @@ def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     cost_rows += [(f"label {k}", v) for k, v in (cost.get("labels") or {}).items()]
     out.append(_section("Cost", _table(cost_rows), "cost"))
 
-    if run["errors"]:
-        error_rows: list[tuple[Any, ...]] = [
-            (e["stage"], e["type"], e["rows"], _Raw("<br>".join(html.escape(x) for x in e["examples"])))
-            for e in run["errors"]
-        ]
-        note = (
-            f"<p>All records: <code>{html.escape(run['errors_dir'])}/</code>"
-            + (f" (the first {_MAX_ERROR_FILES} error files are summarised here)" if run["errors_sampled"] else "")
-            + "</p>"
-        )
-        out.append(_section("Errors", _table(error_rows, ["stage", "type", "rows", "examples"]) + note, "errors"))
-    else:
-        out.append(_section("Errors", "<p>No row failed.</p>", "errors"))
-
+    out.append(_section("Errors", _errors(run), "errors"))
     if run.get("pictures") is not None:
         out.append(_section("Pictures", _pictures(run), "pictures"))
     out.extend(_stats_sections(run, charts))
     return out
+
+
+def _errors(run: Mapping[str, Any]) -> str:
+    """The errors by stage and type, with examples, and where all the records are."""
+    if not run["errors"]:
+        return "<p>No row failed.</p>"
+    error_rows: list[tuple[Any, ...]] = [
+        (e["stage"], e["type"], e["rows"], _Raw("<br>".join(html.escape(x) for x in e["examples"])))
+        for e in run["errors"]
+    ]
+    note = (
+        f"<p>All records: <code>{html.escape(run['errors_dir'])}/</code>"
+        + (f" (the first {_MAX_ERROR_FILES} error files are summarised here)" if run["errors_sampled"] else "")
+        + "</p>"
+    )
+    return _table(error_rows, ["stage", "type", "rows", "examples"]) + note
 
 
 def _figure(job: Mapping[str, Any], row: Mapping[str, Any], caption: str) -> str:

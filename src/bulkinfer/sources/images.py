@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..core.errors import SourceError
 from ..core.media import IMAGE_EXTENSIONS, looks_like_images
-from ..core.storage import filesystem, store_trouble
+from ..core.storage import files_only, filesystem, store_trouble
 from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["ImageFilesFormat", "Listing", "image_inputs", "list_images"]
@@ -56,17 +56,15 @@ def _root(fs: Any, path: str) -> str:
 
 def _found(fs: Any, path: str, pattern: str) -> dict[str, dict[str, Any]]:
     if _glob.has_magic(path):
-        found = {p: i for p, i in fs.glob(path, detail=True).items() if i.get("type", "file") == "file"}
+        found = files_only(fs, fs.glob(path, detail=True))
         if not found:
             raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
         return found
     if fs.isdir(path):
         found = {
             p: i
-            for p, i in fs.find(path, detail=True).items()
-            if i.get("type", "file") == "file"
-            and looks_like_images(p)
-            and not p.rsplit("/", 1)[-1].startswith(("_", "."))
+            for p, i in files_only(fs, fs.find(path, detail=True)).items()
+            if looks_like_images(p) and not p.rsplit("/", 1)[-1].startswith(("_", "."))
         }
         if not found:
             raise SourceError(f"{pattern}: the folder holds no picture ({', '.join(IMAGE_EXTENSIONS)})", pattern)

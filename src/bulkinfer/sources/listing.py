@@ -14,7 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..core.errors import SourceError
 from ..core.media import looks_like_images
-from ..core.storage import concurrently, filesystem, store_trouble
+from ..core.storage import concurrently, files_only, filesystem, store_trouble
 from .base import InputFile
 from .encoding import LINE_FORMATS, codec_of
 from .images import image_inputs
@@ -39,11 +39,6 @@ def _is_data_file(path: str, extensions: Sequence[str]) -> bool:
     return not name.startswith(("_", ".")) and any(name.lower().endswith(e) for e in extensions)
 
 
-def _files(found: Any) -> dict[str, dict[str, Any]]:
-    """A listing's files (``find``/``glob`` with ``detail=True``) by path."""
-    return {p: info for p, info in found.items() if info.get("type", "file") == "file"}
-
-
 def _expand(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The files ``pattern`` names, each with what its listing said of it (size, ETag or
     mtime): a listing of a directory or a glob costs one request per 1,000 objects on an
@@ -59,14 +54,14 @@ def _expand(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]
 def _listing(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
     fs, path = filesystem(pattern)
     if _glob.has_magic(path):
-        found = _files(fs.glob(path, detail=True))
+        found = files_only(fs, fs.glob(path, detail=True))
         if not found:
             raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
         return {_qualify(fs, p): info for p, info in found.items()}
     if fs.isdir(path):
-        found = {p: i for p, i in _files(fs.find(path, detail=True)).items() if _is_data_file(p, extensions)}
+        found = {p: i for p, i in files_only(fs, fs.find(path, detail=True)).items() if _is_data_file(p, extensions)}
         if not found:
-            pictures = any(looks_like_images(p) for p in _files(fs.find(path, detail=True)))
+            pictures = any(looks_like_images(p) for p in files_only(fs, fs.find(path, detail=True)))
             hint = "; it holds pictures: pass --set source.format=images" if pictures else ""
             raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file{hint}", pattern)
         return {_qualify(fs, p): info for p, info in found.items()}
