@@ -108,8 +108,9 @@ class ImageOnnxAdapter(ImageAdapter):
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = ctx.threads
-        if ctx.online:
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # the decode pool needs the cores between calls: threads that spin for work take them
+        # (measured: 56.1 against 54.1 photos/s over 600 NudeNet photos, three rounds each)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(self.model_path), so, providers=["CPUExecutionProvider"])
         self._input = self._session.get_inputs()[0].name
 
