@@ -201,6 +201,8 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
         identity["runtime.int8_fp32_groups"] = dumped["runtime"]["int8_fp32_groups"]
     if dumped["source"]["catalog"]:
         identity["source.catalog"] = dumped["source"]["catalog"]
+    if dumped["source"]["decode"] != "exact":  # pictures decoded smaller: other answers
+        identity["source.decode"] = dumped["source"]["decode"]
     if dumped["source"]["encoding"] != "auto":
         identity["source.encoding"] = dumped["source"]["encoding"]
     if dumped["source"]["previous"]:

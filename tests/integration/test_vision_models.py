@@ -219,3 +219,46 @@ def test_bf16_refusals(tmp_path):
         _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", runtime={"precision": "int8"})
     with pytest.raises(ConfigError, match="bf16 is not built for picture model 'ocr'; use fp32"):
         _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "ocr", runtime={"precision": "bf16"})
+
+
+def test_reduced_decode_is_gated_against_the_exact_decode(tmp_path):
+    from bulkinfer.core.errors import QualityGateError
+
+    write_photos(tmp_path / "photos", 16, scale=1.5)
+    source = {"decode": "reduced"}
+    with pytest.raises(QualityGateError, match='boxes_matched .*use source.decode = "exact"'):
+        _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", source=source, runtime={"quality_sample_rows": 16})
+    figures = json.loads((tmp_path / "out" / "_bulkinfer" / "quality.json").read_text()) if (
+        tmp_path / "out" / "_bulkinfer" / "quality.json").exists() else None  # fmt: skip
+    assert figures is None or not figures["passed"]
+    # a floor the job accepts: it runs, its figures kept, each picture once
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    table = _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", source=source,
+                 runtime={"quality_sample_rows": 16, "quality_floor": 0.0})  # fmt: skip
+    assert table.num_rows == 16
+    quality = json.loads((tmp_path / "out" / "_bulkinfer" / "quality.json").read_text())
+    assert quality["precision"] == "fp32 with reduced decode" and quality["passed"] and quality["boxes_fp32"] > 0
+
+
+def test_reduction_keeps_the_model_size_and_maps_boxes_back(tmp_path):
+    from bulkinfer.adapters.image_onnx import ImageOnnxAdapter, VisionOptions, detect_boxes
+
+    _conv_model(tmp_path / "m.onnx", "detect")
+    letterbox = ImageOnnxAdapter(tmp_path / "m.onnx", VisionOptions(head="detect", resize="letterbox", size=320))
+    assert [letterbox.factor(w, h) for w, h in ((1650, 1100), (2600, 400), (700, 500), (300, 200))] == [4, 8, 2, 1]
+    stretch = ImageOnnxAdapter(tmp_path / "m.onnx", VisionOptions(head="detect", resize="stretch", size=320))
+    assert [stretch.factor(w, h) for w, h in ((1650, 1100), (2600, 400))] == [2, 1]
+    image = np.zeros((275, 413, 3), np.uint8)  # 1650 x 1100 decoded at 1/4 (libjpeg rounds up)
+    _tensor, meta = letterbox.rescale(letterbox.prepare(image), (1650, 1100), (413, 275))
+    assert meta[:2] == (1650, 1100) and meta[2] == pytest.approx(413 / 320 * 1650 / 413)
+    out = np.zeros((4 + 2, 1), np.float32)
+    out[:, 0] = [160, 80, 32, 32, 0.9, 0.0]  # a box around (160, 80) on the 320 input
+    (found,) = detect_boxes(out, meta, 0.25, 0.45, str)
+    assert found["box"] == [
+        int((160 - 16) * 1650 / 320),
+        int((80 - 16) * 1650 / 320),
+        int(32 * 1650 / 320),
+        int(32 * 1650 / 320),
+    ]

@@ -24,13 +24,26 @@ import io
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..core.media import from_raw_frame
 
-__all__ = ["BadImage", "DecodeBudget", "DecodePool", "decode_rgb", "open_image"]
+__all__ = ["BadImage", "DecodeBudget", "DecodePool", "Reduced", "decode_rgb", "open_image", "upright_size"]
+
+
+@runtime_checkable
+class Reduced(Protocol):
+    """A model that may be given its JPEGs decoded smaller (``source.decode = "reduced"``)."""
+
+    def factor(self, width: int, height: int) -> int:
+        """1, 2, 4 or 8: how much smaller a picture of this size may be decoded for the model."""
+        ...
+
+    def rescale(self, prepared: Any, original: tuple[int, int], decoded: tuple[int, int]) -> Any:
+        """What ``prepare`` made of the smaller picture, its geometry put back in the original's pixels."""
+        ...
 
 
 class BadImage(ValueError):
@@ -84,14 +97,15 @@ def open_image(data: bytes, name: str, max_pixels: int | None) -> Any:
     return img
 
 
-def decode_rgb(img: Any, name: str, data: bytes | None = None) -> np.ndarray:
+def decode_rgb(img: Any, name: str, data: bytes | None = None, reduce: int = 1) -> np.ndarray:
     """The opened picture decoded: upright by its EXIF orientation, 8-bit RGB, HWC. A colour or
     grey JPEG whose bytes are given is decoded by OpenCV (libjpeg-turbo, about 3x Pillow's time
-    here, EXIF applied the same; docs/images.md), anything else by Pillow."""
+    here, EXIF applied the same; docs/images.md), at 1/``reduce`` of its size (2, 4 or 8: the
+    DCT scaled as it is decoded) when asked; anything else by Pillow, at full size."""
     from PIL import ImageOps
 
     if data is not None and img.format == "JPEG" and img.mode in ("RGB", "L"):
-        decoded = _jpeg(data)
+        decoded = _jpeg(data, reduce)
         if decoded is not None:
             return decoded
     try:
@@ -105,14 +119,27 @@ def decode_rgb(img: Any, name: str, data: bytes | None = None) -> np.ndarray:
         raise BadImage(f"{name}: cannot decode the picture ({exc})") from None
 
 
-def _jpeg(data: bytes) -> np.ndarray | None:
+_REDUCED = {1: "IMREAD_COLOR", 2: "IMREAD_REDUCED_COLOR_2", 4: "IMREAD_REDUCED_COLOR_4", 8: "IMREAD_REDUCED_COLOR_8"}
+
+
+def upright_size(img: Any) -> tuple[int, int]:
+    """The picture's width and height once its EXIF orientation is applied."""
+    w, h = img.size
+    try:
+        turned = img.getexif().get(0x0112) in (5, 6, 7, 8)
+    except Exception:  # an unreadable EXIF block: Pillow's own transpose will ignore it too
+        turned = False
+    return (h, w) if turned else (w, h)
+
+
+def _jpeg(data: bytes, reduce: int = 1) -> np.ndarray | None:
     """A JPEG decoded by OpenCV as RGB (upright by its EXIF orientation); None where it fails or
     the file is cut short (Pillow then decodes it, and names what is wrong)."""
     import cv2
 
     if not data.rstrip(b"\0").endswith(b"\xff\xd9"):  # no end-of-image marker: cut short (OpenCV would pad it grey)
         return None
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), getattr(cv2, _REDUCED[reduce]))
     if bgr is None:
         return None
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
@@ -134,8 +161,10 @@ class DecodePool:
     """Threads that decode and prepare pictures; ``run`` keeps the rows' order and returns, for
     each row, what ``prepare`` made of it or the :class:`BadImage` it met."""
 
-    def __init__(self, threads: int, max_pixels: int | None, budget_bytes: int) -> None:
+    def __init__(self, threads: int, max_pixels: int | None, budget_bytes: int, reduced: Reduced | None = None) -> None:
         self.max_pixels = max_pixels
+        self.reduced: Reduced | None = reduced
+        """The model, when its JPEGs may be decoded smaller (``source.decode = "reduced"``)."""
         self.budget = DecodeBudget(budget_bytes)
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="bulkinfer-decode")
 
@@ -146,11 +175,15 @@ class DecodePool:
         if frame is not None:  # a video frame, decoded by its reader
             return prepare(frame)
         img = open_image(data, name, self.max_pixels)
-        w, h = img.size
-        size = w * h * 3
+        w, h = upright_size(img)
+        factor = self.reduced.factor(w, h) if self.reduced is not None and img.format == "JPEG" else 1
+        size = -(-w // factor) * -(-h // factor) * 3
         self.budget.take(size)
         try:
-            return prepare(decode_rgb(img, name, data))
+            image = decode_rgb(img, name, data, factor)
+            if self.reduced is None or factor == 1 or image.shape[:2] == (h, w):
+                return prepare(image)
+            return self.reduced.rescale(prepare(image), (w, h), (image.shape[1], image.shape[0]))
         finally:
             self.budget.give(size)
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ..core.errors import ModelError
 from .base import Adapter, RowsRejected, SetupContext
-from .decode import BadImage, DecodePool
+from .decode import BadImage, DecodePool, Reduced
 
 __all__ = ["DEFAULT_BUDGET_MB", "ImageAdapter"]
 
@@ -45,8 +45,10 @@ class ImageAdapter(Adapter):
         id_column: str | None = None,
         max_pixels: int | None = 89_478_485,
         max_decoded_mb: int = DEFAULT_BUDGET_MB,
+        decode: str = "exact",
     ) -> None:
         self.image_column = image_column
+        self.decode = decode
         self.id_column = id_column
         self.input_columns = [image_column]
         self.max_pixels = max_pixels
@@ -55,7 +57,8 @@ class ImageAdapter(Adapter):
         self._kept = threading.local()  # rows prepared before a rejection, taken again by their bytes
 
     def setup(self, ctx: SetupContext) -> None:
-        self.pool = DecodePool(ctx.threads, self.max_pixels, self.max_decoded_mb << 20)
+        reduced = self if self.decode == "reduced" and isinstance(self, Reduced) else None
+        self.pool = DecodePool(ctx.threads, self.max_pixels, self.max_decoded_mb << 20, reduced)
         self.load(ctx)
 
     def load(self, ctx: SetupContext) -> None:

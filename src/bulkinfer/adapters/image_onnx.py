@@ -144,6 +144,25 @@ class ImageOnnxAdapter(ImageAdapter):
         }
         self._compiled = ov.Core().compile_model(str(self.model_path), "CPU", config)
 
+    def factor(self, width: int, height: int) -> int:
+        """The largest DCT reduction that keeps the picture at least the model's input size
+        (letterbox: its long side against the input's; stretch: each side against its own)."""
+        h_in, w_in = self.size
+        for f in (8, 4, 2):
+            if self.opts.resize == "letterbox" and max(width, height) // f >= max(h_in, w_in):
+                return f
+            if self.opts.resize == "stretch" and width // f >= w_in and height // f >= h_in:
+                return f
+        return 1
+
+    def rescale(
+        self, prepared: tuple[np.ndarray, tuple[int, int, float, float]], original: tuple[int, int],
+        decoded: tuple[int, int],
+    ) -> tuple[np.ndarray, tuple[int, int, float, float]]:  # fmt: skip
+        tensor, (_w, _h, sx, sy) = prepared
+        (w, h), (dw, dh) = original, decoded
+        return tensor, (w, h, sx * w / dw, sy * h / dh)
+
     def run(self, batch: list[tuple[np.ndarray, Any]]) -> np.ndarray:
         x = stack([t for t, _ in batch])
         if self._compiled is not None:

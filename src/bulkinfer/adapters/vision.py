@@ -13,6 +13,7 @@ from ..config import JobConfig
 from ..core.errors import ConfigError, ModelError
 from ..core.hardware import emulated
 from .base import Adapter
+from .decode import Reduced
 from .digest import digest_path
 from .image import ImageAdapter
 
@@ -47,6 +48,7 @@ def _image_settings(cfg: JobConfig) -> dict[str, Any]:
         "id_column": cfg.source.id_column,
         "max_pixels": cfg.source.max_image_pixels,
         "max_decoded_mb": cfg.source.max_decoded_mb,
+        "decode": cfg.source.decode,
     }
 
 
@@ -89,6 +91,8 @@ def vision_adapter(cfg: JobConfig, kind: str, location: str) -> Adapter:
 
         if cfg.model.options:
             raise ModelError("model.options: the OCR model takes none; drop them")
+        if cfg.source.decode != "exact":
+            raise ConfigError('source.decode = "reduced": OCR reads every pixel of a page; use "exact"')
         return OcrAdapter(**engine, **image)
     from .image_onnx import ImageOnnxAdapter, parse_options
 
@@ -100,6 +104,11 @@ def fit_image_adapter(adapter: Adapter, cfg: JobConfig) -> Adapter:
     ``image_column`` option wins over ``model.image_column``)."""
     if isinstance(adapter, ImageAdapter):
         settings = _image_settings(cfg)
+        if settings["decode"] != "exact" and not isinstance(adapter, Reduced):
+            raise ConfigError(
+                f'source.decode = "reduced": {type(adapter).__name__} says no size it may be decoded at; '
+                'give it factor() and rescale() (bulkinfer.adapters.decode.Reduced), or use "exact"'
+            )
         if "image_column" in cfg.model.options:
             settings.pop("image_column")
         else:

@@ -40,6 +40,10 @@ class SourceConfig(Section):
     max_image_pixels: int = Field(default=89_478_485, ge=1, le=178_956_970)
     """A picture of more pixels than this is an error row, never decoded (a decompression bomb). The
     default is Pillow's warning limit; Pillow refuses any picture over twice that, so the limit stops there."""
+    decode: Literal["exact", "reduced"] = "exact"
+    """Pictures: 'exact' decodes every picture at full size; 'reduced' decodes a JPEG at 1/2, 1/4 or 1/8 of its
+    size straight from its DCT, the most that keeps it at least the model's input size (ONNX vision models), and
+    is gated like a lowered precision: the job's sample rows must answer as the exact decode does."""
     max_decoded_mb: int = Field(default=512, ge=1)
     """Decoded pictures in flight at once, in MiB (width x height x channels of each, counted before it is
     decoded): the decode pool waits under it, so memory stays flat whatever the pictures' sizes."""

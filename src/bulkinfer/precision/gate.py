@@ -176,9 +176,10 @@ def quality_gate(
             for k, v in figures.items()
             if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement", "boxes_matched")
         )
+        instead = 'source.decode = "exact"' if "reduced decode" in precision else "a higher precision"
         err = QualityGateError(
             f"quality gate: {precision} is too far from fp32 on {sample.num_rows} rows of this job ({shown}; "
-            f"floor {floor}); use a higher precision, or lower runtime.quality_floor if this is acceptable"
+            f"floor {floor}); use {instead}, or lower runtime.quality_floor if this is acceptable"
         )
         err.figures = figures
         err.reference = dict(ref)
@@ -201,7 +202,7 @@ def job_quality_gate(
     where the figures are computed (default :func:`gate_figures`, in this process). With the
     figures, the sample rows and their results when they were computed here (:class:`GateRows`)."""
     rt = cfg.runtime
-    if rt.precision == "fp32":
+    if rt.precision == "fp32" and cfg.source.decode == "exact":
         return None, None
     cached = ledger.read_private("quality.json")
     if cached is not None and cached.get("floor") == rt.quality_floor and cached.get("passed"):
@@ -251,6 +252,7 @@ def verdict_path(cfg: JobConfig, adapter: Adapter, model: ResolvedModel, sample:
             libraries[name] = ""
     key = {
         "model": model.digest, "precision": rt.precision, "engine": rt.engine, "floor": rt.quality_floor,
+        **({"decode": cfg.source.decode} if cfg.source.decode != "exact" else {}),
         "fp32_groups": sorted(getattr(adapter, "int8_fp32_groups", None) or []), "rows_per_call": rt.rows_per_call,
         "machine": isa_key(), "bulkinfer": __version__, "libraries": libraries,
         "sample": hashlib.sha256(out.getvalue()).hexdigest(),
@@ -297,7 +299,12 @@ def sample_figures(
     ``outputs`` receives the results of the build that passed."""
     rt = cfg.runtime
     # the reference is plain fp32: not TensorRT's, whose fp32 may round through TF32
-    fp32_cfg = cfg.model_copy(update={"runtime": rt.model_copy(update={"precision": "fp32", "tensorrt": False})})
+    fp32_cfg = cfg.model_copy(
+        update={
+            "runtime": rt.model_copy(update={"precision": "fp32", "tensorrt": False}),
+            "source": cfg.source.model_copy(update={"decode": "exact"}),  # pictures: the exact decode is the reference
+        }
+    )
     reference = build_adapter(fp32_cfg, model)
     threads = rt.threads or available_cpus()
     try:
@@ -307,7 +314,7 @@ def sample_figures(
             sample,
             batch_size=rt.rows_per_call,
             floor=rt.quality_floor,
-            precision=rt.precision,
+            precision=rt.precision if cfg.source.decode == "exact" else f"{rt.precision} with reduced decode",
             threads=threads,
             outputs=outputs,
         )
