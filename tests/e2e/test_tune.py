@@ -140,3 +140,32 @@ def test_tune_measures_one_process_against_one_per_cpu_for_a_model_without_preci
     assert out["id"].to_pylist() == list(range(3000))
     x1 = tabular_table(3000)["x1"].to_pylist()
     assert out["y"].to_pylist() == [sum(i * i for i in range(150)) + v for v in x1]
+
+
+def test_tune_measures_a_picture_model_and_writes_a_runnable_job(tmp_path):
+    from bulkinfer.core.hardware import emulated
+
+    from pictures import write_photos
+
+    names = write_photos(tmp_path / "photos", 8, scale=0.4)
+    (tmp_path / "job.toml").write_text(
+        '[source]\npaths = ["photos/*.jpg"]\n[model]\nname = "nudenet"\n[sink]\npath = "out"\n'
+    )
+    proc = cli("tune", "job.toml", "--sample-rows", "8", "--batch-sizes", "1,4", cwd=tmp_path, check=True)
+    assert "wrote job.tuned.toml" in proc.stdout and "<- chosen" in proc.stderr
+    cfg = load_config(tmp_path / "job.toml")
+    measured = json.loads(results_path(cfg, resolve_model(cfg).digest).read_text())["candidates"]
+    pairs = {(c["engine"], c["precision"]) for c in measured}
+    bf16 = set() if emulated("cpu", "bf16") else {("openvino", "bf16")}
+    assert pairs == {("onnxruntime", "fp32"), ("openvino", "fp32")} | bf16
+    assert {c["batch_size"] for c in measured} == {1, 4}
+    for c in measured:
+        if c["precision"] == "bf16":  # gated on the boxes fp32 finds
+            assert c["quality"]["boxes_fp32"] > 0 and c["passed"] == (c["quality"]["boxes_matched"] >= 0.99)
+    tuned = load_config(tmp_path / "job.tuned.toml")
+    fastest = max((c for c in measured if c["passed"]), key=lambda c: c["rows_per_s"])
+    assert (tuned.runtime.engine, tuned.runtime.precision, tuned.runtime.batch_size) == (
+        fastest["engine"], fastest["precision"], fastest["batch_size"]
+    )  # fmt: skip
+    cli("run", "job.tuned.toml", "--progress", "none", cwd=tmp_path, check=True)
+    assert sorted(read_output(tmp_path / "out")["id"].to_pylist()) == sorted(names)

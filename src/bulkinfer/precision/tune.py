@@ -57,6 +57,10 @@ PRECISIONS = (
     ("torch", "fp16"),
 )
 BATCH_SIZES = (8, 16, 32, 64)
+PICTURE_KINDS = ("image-onnx", "nudenet")
+PICTURE_PRECISIONS = (("onnxruntime", "fp32"), ("openvino", "fp32"), ("openvino", "bf16"))
+"""What ``tune`` measures for an ONNX picture model (bf16 gated on the job's boxes, where not emulated)."""
+PICTURE_BATCH_SIZES = (1, 4, 8, 16)
 
 
 @dataclass
@@ -98,6 +102,26 @@ def candidates_for(device: str) -> tuple[tuple[tuple[str, str], ...], tuple[int,
     return tuple(p for p in PRECISIONS if p[0] != "openvino" or _installed("openvino")), BATCH_SIZES
 
 
+def _choices(
+    device: str, kind: str, batch_sizes: tuple[int, ...] | None, precisions: tuple[tuple[str, str], ...] | None
+) -> tuple[tuple[int, ...], tuple[tuple[str, str], ...]]:
+    """The batch sizes and engine/precision pairs to measure (asked for, else the defaults for
+    the model's kind and the device); a pair not known for the kind is refused."""
+    if kind in PICTURE_KINDS:
+        known: tuple[tuple[str, str], ...] = PICTURE_PRECISIONS
+        default_pairs = tuple(p for p in PICTURE_PRECISIONS if p[0] != "openvino" or _installed("openvino"))
+        default_sizes: tuple[int, ...] = PICTURE_BATCH_SIZES
+    else:
+        known = PRECISIONS
+        default_pairs, default_sizes = candidates_for(device)
+    batch_sizes, precisions = batch_sizes or default_sizes, precisions or default_pairs
+    unknown = [p for p in precisions if p not in known]
+    if unknown:
+        names = ", ".join(f"{e}/{p}" for e, p in known)
+        raise ConfigError(f"tune --candidates: {'/'.join(unknown[0])} is not one of {names}")
+    return batch_sizes, precisions
+
+
 def _installed(name: str) -> bool:
     from importlib.util import find_spec
 
@@ -121,21 +145,16 @@ def tune(
             "runtime.tensorrt: bulkinfer tune measures torch and onnxruntime without TensorRT; run it with "
             "runtime.tensorrt = false, and give a TensorRT job its runtime.batch_size yourself"
         )
-    default_pairs, default_sizes = candidates_for(cfg.runtime.device)
-    batch_sizes, precisions = batch_sizes or default_sizes, precisions or default_pairs
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown:
-        known = ", ".join(f"{e}/{p}" for e, p in PRECISIONS)
-        raise ConfigError(f"tune --candidates: {'/'.join(unknown[0])} is not one of {known}")
     if not cfg.source.paths or not cfg.model.name:
         raise ConfigError("tune needs source.paths and model.name (a job file or --input/--model)")
     model = resolve_model(cfg)
+    batch_sizes, precisions = _choices(cfg.runtime.device, model.kind, batch_sizes, precisions)
     use_storage_options(cfg.source.storage_options, cfg.source.paths)
     shards = plan_shards(list_inputs(cfg.source.paths, cfg.source.format, cfg.source), cfg.source.shard_rows, [])
     if model.kind in ("tabular", "custom", "onnx"):
         return _tune_processes(cfg, model, shards, sample_size, on_candidate)
-    if model.kind != "text-embedding":
-        raise ConfigError(f"tune: measures text, tabular and custom models; this one is {model.kind}")
+    if model.kind not in ("text-embedding", *PICTURE_KINDS):
+        raise ConfigError(f"tune: measures text, picture, tabular and custom models; this one is {model.kind}")
     from ..core.hardware import emulated
 
     result = TuneResult()
