@@ -62,3 +62,17 @@ def test_a_resumed_tail_of_a_tar_shard_reads_its_own_rows(tmp_path):
     tail = replace(second, start=6)  # rows 4 and 5 committed before a stop: the shard resumes at row 6
     rows = [r for b in read_shard(tail, ["id"]) for r in b.to_pylist()]
     assert [r["id"] for r in rows] == ["k6", "k7"] and second.base == 4 and first.base == 0
+
+
+def test_video_frame_batches_are_cut_by_bytes(tmp_path):
+    from bulkinfer.config import SourceConfig
+    from bulkinfer.sources.base import BATCH_BYTES
+
+    from pictures import write_video
+
+    write_video(tmp_path / "v.mkv", 5.0, rate=10, size=(640, 480))
+    cfg = SourceConfig(paths=[str(tmp_path / "v.mkv")], video={"fps": 10})
+    (shard,) = plan_shards(list_inputs(cfg.paths, cfg.format, cfg), 1000)
+    batches = list(read_shard(shard, ["id", "image"], batch_rows=4096))
+    assert sum(b.num_rows for b in batches) == 50 and len(batches) >= 2  # 50 raw frames of 0.9 MB
+    assert all(b.column("image").nbytes <= BATCH_BYTES + 640 * 480 * 3 + 64 for b in batches)

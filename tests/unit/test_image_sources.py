@@ -136,3 +136,15 @@ def test_a_linked_picture_or_table_is_listed_as_its_target(tmp_path):
     assert [f.uri for f in list_inputs([str(tmp_path / "tables" / "*.parquet")])] == [
         str(tmp_path / "tables" / "t.parquet")
     ]
+
+
+def test_picture_batches_are_cut_by_bytes_not_only_by_rows(tmp_path):
+    from bulkinfer.sources.base import BATCH_BYTES
+
+    (tmp_path / "big").mkdir()
+    for i in range(10):
+        (tmp_path / "big" / f"{i}.jpg").write_bytes(bytes([i]) * (8 << 20))
+    (shard,) = plan_shards(image_inputs([str(tmp_path / "big")]), 100)
+    batches = list(read_shard(shard, ["id", "image"], batch_rows=4096))
+    assert sum(b.num_rows for b in batches) == 10 and len(batches) >= 3  # 4,096 rows a batch would be one of 80 MB
+    assert all(b.column("image").nbytes <= BATCH_BYTES + (8 << 20) for b in batches)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from ..core.errors import SourceError
 
 __all__ = [
+    "BATCH_BYTES",
     "MAX_RECORD_BYTES",
     "ROW",
     "BadRow",
@@ -28,6 +29,11 @@ __all__ = [
 
 ROW = "__bulkinfer_row"
 """Name of the column ``read_shard`` adds: each row's number in its file (errors and resume use it)."""
+
+BATCH_BYTES = 32 << 20
+"""A record batch of pictures, tar samples or video frames is cut at this many bytes, whatever
+``source.read_batch_rows`` (4,096 text rows are kilobytes; 4,096 pictures are a gigabyte, and a
+window waits for its batches)."""
 
 MAX_RECORD_BYTES = 64 << 20
 """``source.max_record_bytes``' default: a line-format record longer than this is an error row."""

@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ..core.errors import SourceError
 from ..core.media import IMAGE_EXTENSIONS, looks_like_images
 from ..core.storage import files_only, filesystem, store_trouble
-from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["ImageFilesFormat", "Listing", "image_inputs", "list_images"]
 
@@ -167,24 +167,33 @@ class ImageFilesFormat:
     def read(
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
     ) -> Iterator[pa.RecordBatch]:
-        digest = _digest_of(shard)
-        listing = _listing_of(shard.uri, digest)
-        for start in range(shard.start, shard.stop, batch_rows):
-            rows, images = [], []
-            for row in range(start, min(start + batch_rows, shard.stop)):
-                try:
-                    images.append(_read_file(listing.uris[row]) if "image" in columns else b"")
-                except OSError as exc:
-                    bad(row, f"{listing.ids[row]}: cannot read the file ({exc.strerror or exc})")
-                    continue
-                rows.append(row)
-            data = {
-                "id": pa.array([listing.ids[r] for r in rows], pa.string()),
-                "path": pa.array([listing.uris[r] for r in rows], pa.string()),
-                "image": pa.array(images, pa.binary()),
-                ROW: pa.array(rows, pa.int64()),
-            }
-            yield pa.RecordBatch.from_pydict({c: data[c] for c in [*columns, ROW] if c in data})
+        listing = _listing_of(shard.uri, _digest_of(shard))
+        rows: list[int] = []
+        images: list[bytes] = []
+        size = 0
+        for row in range(shard.start, shard.stop):
+            try:
+                images.append(_read_file(listing.uris[row]) if "image" in columns else b"")
+            except OSError as exc:
+                bad(row, f"{listing.ids[row]}: cannot read the file ({exc.strerror or exc})")
+                continue
+            rows.append(row)
+            size += len(images[-1])
+            if len(rows) >= batch_rows or size >= BATCH_BYTES:  # pictures are large: batches kept small
+                yield _batch(listing, rows, images, columns)
+                rows, images, size = [], [], 0
+        if rows:
+            yield _batch(listing, rows, images, columns)
+
+
+def _batch(listing: Listing, rows: list[int], images: list[bytes], columns: Sequence[str]) -> pa.RecordBatch:
+    data = {
+        "id": pa.array([listing.ids[r] for r in rows], pa.string()),
+        "path": pa.array([listing.uris[r] for r in rows], pa.string()),
+        "image": pa.array(images, pa.binary()),
+        ROW: pa.array(rows, pa.int64()),
+    }
+    return pa.RecordBatch.from_pydict({c: data[c] for c in [*columns, ROW] if c in data})
 
 
 def _digest_of(shard: Shard) -> str:

@@ -25,7 +25,7 @@ import pyarrow as pa
 from ..core.errors import SourceError
 from ..core.media import VIDEO_EXTENSIONS, raw_frame
 from ..core.storage import filesystem
-from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["VideoFormat", "open_video", "sampling_spec"]
 
@@ -113,11 +113,13 @@ class VideoFormat:
     ) -> Iterator[pa.RecordBatch]:
         video_id = shard.uri.rstrip("/").rsplit("/", 1)[-1]
         rows: list[dict[str, Any]] = []
+        size = 0
         for row, frame in _frames(shard, bad, video_id):
             rows.append({**frame, ROW: row})
-            if len(rows) >= batch_rows:
+            size += len(frame["image"])
+            if len(rows) >= batch_rows or size >= BATCH_BYTES:  # a raw 1080p frame is 6 MB
                 yield _batch(rows, columns)
-                rows = []
+                rows, size = [], 0
         if rows:
             yield _batch(rows, columns)
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..core.errors import SourceError
 from ..core.media import IMAGE_EXTENSIONS
 from ..core.storage import filesystem
-from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["WebDatasetFormat"]
 
@@ -103,6 +103,7 @@ class WebDatasetFormat:
     ) -> Iterator[pa.RecordBatch]:
         rows: list[dict[str, Any]] = []
         numbers: list[int] = []
+        size = 0
         assert shard.offset is not None and shard.end is not None
         first = shard.start if shard.base is None else shard.base  # a resumed tail starts after its span's first row
         for i, (key, parts) in enumerate(self._samples(shard.uri, shard.offset, shard.end)):
@@ -116,9 +117,10 @@ class WebDatasetFormat:
                 continue
             rows.append(record)
             numbers.append(row)
-            if len(rows) >= batch_rows:
+            size += len(record["image"])
+            if len(rows) >= batch_rows or size >= BATCH_BYTES:
                 yield _batch(rows, numbers, columns, types)
-                rows, numbers = [], []
+                rows, numbers, size = [], [], 0
         if rows:
             yield _batch(rows, numbers, columns, types)
 
