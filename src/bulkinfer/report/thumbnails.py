@@ -12,6 +12,7 @@ import heapq
 import io
 import json
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from ..core.media import from_raw_frame, labels_in
@@ -80,11 +81,8 @@ def _image_bytes(job: Mapping[str, Any], row: Mapping[str, Any]) -> bytes | None
     for f in job.get("inputs", []):
         fmt, uri = f.get("format"), f.get("uri", "")
         if fmt == "images":
-            from ..sources.images import list_images
-
-            listing = list_images(uri)
-            if row.get("id") in listing.ids:
-                path = listing.uris[listing.ids.index(row["id"])]
+            path = _picture_files(uri).get(str(row.get("id")))
+            if path is not None:
                 fs, p = filesystem(path)
                 return bytes(fs.cat_file(p))
         elif fmt == "video" and uri.rsplit("/", 1)[-1] == row.get("video_id") and row.get("timestamp_s") is not None:
@@ -94,6 +92,15 @@ def _image_bytes(job: Mapping[str, Any], row: Mapping[str, Any]) -> bytes | None
             if found is not None:
                 return found
     return None
+
+
+@lru_cache(maxsize=8)
+def _picture_files(uri: str) -> dict[str, str]:
+    """A picture listing's files by id, listed once for the page's thumbnails."""
+    from ..sources.images import list_images
+
+    listing = list_images(uri)
+    return dict(zip(listing.ids, listing.uris, strict=True))
 
 
 def _frame(uri: str, t: float) -> bytes | None:
