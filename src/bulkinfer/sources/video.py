@@ -130,6 +130,8 @@ def _frames(shard: Shard, bad: BadRow, video_id: str) -> Iterator[tuple[int, dic
 
     _duration, rate, times = _probe(shard.uri, _version(shard.uri), shard.encoding or "")
     targets = list(enumerate(times[shard.start : shard.stop], start=shard.start))
+    if not targets:  # a split shard's empty tail
+        return
     container, handle = open_video(shard.uri)
     at = 0
     try:
