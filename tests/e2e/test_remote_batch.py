@@ -240,3 +240,21 @@ def test_a_refused_key_is_one_line_naming_its_variable(remote):
     refused = cli(*job_args(server, "out-badkey"), cwd=d, env=env(REMOTE_KEY="sk-wrong"))
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "refused the key in REMOTE_KEY (401)" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_batch_max_requests_is_honoured_or_refused_never_broken(remote):
+    """A shard's requests go into one file: with source.shard_rows left at its default (10,000) a
+    120-request ceiling cuts the shards to 120 rows; a shard_rows set above the ceiling is refused
+    before anything is sent (today's code sent one 300-request file)."""
+    server, d = remote
+    given = job_args(server, "out-ceiling")
+    dropped = {"source.shard_rows=100", "model.batch_max_requests=200"}
+    args = [a for i, a in enumerate(given) if a not in dropped and not (a == "--set" and given[i + 1] in dropped)]
+    cli(*args, "--set", "model.batch_max_requests=120", cwd=d, env=env(), check=True)
+    made = batches_of(server, d / "out-ceiling")
+    assert sorted(b.request_counts.total for b in made) == [60, 120, 120]
+    assert sorted(read_output(d / "out-ceiling")["id"].to_pylist()) == list(range(300))
+    refused = cli(*job_args(server, "out-refused"), "--set", "model.batch_max_requests=50", cwd=d, env=env())
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "source.shard_rows = 100 is over model.batch_max_requests = 50" in refused.stderr
+    assert not (d / "out-refused" / "_bulkinfer" / "remote_batches.json").exists()

@@ -71,7 +71,8 @@ class ModelConfig(Section):
     endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] = "/v1/chat/completions"
     """remote-batch: what each row's request asks the remote model for."""
     batch_max_requests: int = Field(default=50_000, ge=1)
-    """remote-batch: the most requests per batch file (OpenAI's limit); shards are grouped up to it."""
+    """remote-batch: the most requests per batch file (OpenAI's limit); shards are grouped up to it, and cut no
+    larger (source.shard_rows is lowered to it when left at its default, refused when set above it)."""
     batch_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     """remote-batch: the largest batch file (OpenAI's limit: 200 MB)."""
     completion_window: str = "24h"

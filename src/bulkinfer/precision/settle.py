@@ -68,6 +68,8 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     if not online:
         cfg = _batch_budget(batch_config(cfg))
     model = resolve_model(cfg)
+    if model.kind == "remote-batch":
+        cfg = _remote_shards(cfg)
     if online and model.kind == "generate":  # requests are rows of the adapter's request mode, as in a batch file
         cfg = _update(cfg, "source", format="openai-batch")
     if online and model.kind == "text-embedding" and cfg.model.truncate is None:
@@ -86,6 +88,22 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     if cfg.source.previous and not online:
         cfg = _incremental(cfg, model)
     return Settled(cfg, model, adapter)
+
+
+def _remote_shards(cfg: JobConfig) -> JobConfig:
+    """A shard's requests go into one remote batch file, which holds ``model.batch_max_requests``
+    at most: shards are cut no larger (``source.shard_rows`` lowered to it when left at its
+    default, refused when set above it), so no file breaks the limit."""
+    limit, rows = cfg.model.batch_max_requests, cfg.source.shard_rows
+    if rows <= limit:
+        return cfg
+    if "shard_rows" in cfg.source.model_fields_set:
+        raise ConfigError(
+            f"source.shard_rows = {rows} is over model.batch_max_requests = {limit}: a shard's requests go into one "
+            f"batch file; set source.shard_rows to {limit} or less"
+        )
+    log.info("source.shard_rows = %d: a remote batch file holds model.batch_max_requests requests at most", limit)
+    return _update(cfg, "source", shard_rows=limit)
 
 
 def _started(cfg: JobConfig, model: ResolvedModel) -> dict[str, Any] | None:
