@@ -64,10 +64,11 @@ def _group(tmp_path, n: int):
     from bulkinfer import load_config
     from bulkinfer.commit.committer import Committer
     from bulkinfer.commit.ledger import Ledger
-    from bulkinfer.core.records import ErrorRecord, ShardOutput
+    from bulkinfer.core.records import ErrorRecord
     from bulkinfer.report import RunStats
     from bulkinfer.sinks import make_sink
     from bulkinfer.sources import Shard
+    from bulkinfer.sources.base import ShardOutput
 
     cfg = load_config(overrides={"sink.path": str(tmp_path / "out"), "source.paths": ["x.jsonl"], "model.name": "x:y",
                                  "execution.max_error_rate": 1.0})  # fmt: skip

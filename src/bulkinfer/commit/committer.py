@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..config import JobConfig
-    from ..core.records import ShardOutput
     from ..report import RunStats
     from ..sinks import Sink, StagedOutput
     from ..sinks.base import Published
     from ..sinks.exports import ExportTarget
     from ..sources import Shard
+    from ..sources.base import ShardOutput
 
 __all__ = [
     "PROVENANCE_KEY",

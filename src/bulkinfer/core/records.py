@@ -1,21 +1,15 @@
 """The records a run keeps about rows: one :class:`ErrorRecord` per failed row (or per
 unreadable range), written to ``_errors/`` as JSON lines and read back by
-``--retry-errors``, ``inspect`` and the report; and the :class:`ShardOutput` a runner hands
-to the sink."""
+``--retry-errors``, ``inspect`` and the report."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from ..sources import Shard
-
-__all__ = ["ErrorRecord", "ShardOutput", "decode_records", "encode_records", "redact", "redacting", "withheld"]
+__all__ = ["ErrorRecord", "decode_records", "encode_records", "redact", "redacting", "withheld"]
 
 _REDACT = False  # execution.redact / serve: set once per process, before any record is made
 
@@ -92,18 +86,3 @@ def encode_records(records: Iterable[ErrorRecord]) -> bytes:
 def decode_records(data: bytes | str) -> list[ErrorRecord]:
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     return [ErrorRecord.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
-
-
-@dataclass
-class ShardOutput:
-    """What a runner hands to the sink: the rows of ``shard`` (which may be a prefix of a
-    planned shard) in input order, and the records of the rows that failed."""
-
-    shard: Shard
-    table: pa.Table
-    errors: list[ErrorRecord] = field(default_factory=list)
-
-    @property
-    def failed(self) -> int:
-        """Rows the records stand for (a range record covers several)."""
-        return sum(e.rows for e in self.errors)

@@ -36,10 +36,11 @@ from ..adapters.remote_batch import RemoteRequests
 from ..config import JobConfig
 from ..core.errors import ConfigError, ModelError
 from ..core.faults import crash_point
-from ..core.records import ErrorRecord, ShardOutput
+from ..core.records import ErrorRecord
 from ..core.schema import parse_type
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
+from ..sources.base import ShardOutput
 from .base import Committing, Gate
 from .window import row_id
 

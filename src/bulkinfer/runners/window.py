@@ -20,8 +20,9 @@ import pyarrow as pa
 from ..core.batching import bisect_call, restore_order
 from ..core.errors import BulkinferError, ModelError
 from ..core.layout import HASH_COLUMN, result_columns
-from ..core.records import ErrorRecord, ShardOutput
+from ..core.records import ErrorRecord
 from ..sources import Shard
+from ..sources.base import ShardOutput
 from .reuse import Reuse
 
 __all__ = ["Assembler", "Batch", "Failure", "ShardEnd", "ShardState", "WindowEnd", "isolate", "row_id"]

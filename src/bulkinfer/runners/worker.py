@@ -17,13 +17,14 @@ from ..commit.committer import PartStamp, stage_routed
 from ..commit.routing import compile_routes
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ModelError
-from ..core.records import ShardOutput, redact
+from ..core.records import redact
 from ..core.storage import use_storage_options
 from ..precision.gate import gate_figures
 from ..precision.settle import settle
 from ..report import RunStats
 from ..sinks import make_sink
 from ..sources import Shard
+from ..sources.base import ShardOutput
 from .local import LocalRunner
 from .reuse import WindowReuse
 from .window import Assembler

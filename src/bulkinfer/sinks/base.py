@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..core.records import ShardOutput
     from ..sources import Shard
+    from ..sources.base import ShardOutput
 
 __all__ = ["Part", "Published", "Sink", "Staged", "StagedOutput"]
 

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from ..core.errors import OutputError
 from ..core.faults import crash_point, io_point
 from ..core.layout import ERRORS
-from ..core.records import ShardOutput, encode_records
+from ..core.records import encode_records
+from ..sources.base import ShardOutput
 from .base import Part, Published, Staged, StagedOutput
 
 __all__ = [

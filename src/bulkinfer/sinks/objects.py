@@ -26,7 +26,8 @@ import fsspec
 from ..core.errors import ConfigError, OutputError
 from ..core.faults import crash_point
 from ..core.layout import ERRORS
-from ..core.records import ShardOutput, encode_records
+from ..core.records import encode_records
+from ..sources.base import ShardOutput
 from .base import Part, Published, Staged, StagedOutput
 from .files import EXTENSIONS, part_name, serialize
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from ..core.errors import SourceError
+from ..core.records import ErrorRecord
 
 __all__ = [
     "BATCH_BYTES",
@@ -21,6 +22,7 @@ __all__ = [
     "Format",
     "InputFile",
     "Shard",
+    "ShardOutput",
     "Span",
     "check_file_columns",
     "numbered",
@@ -165,3 +167,18 @@ def numbered(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
 def slices(batch: pa.RecordBatch, size: int) -> Iterator[pa.RecordBatch]:
     for off in range(0, batch.num_rows, size):
         yield batch.slice(off, size)
+
+
+@dataclass
+class ShardOutput:
+    """What a runner hands to the sink: the rows of ``shard`` (which may be a prefix of a
+    planned shard) in input order, and the records of the rows that failed."""
+
+    shard: Shard
+    table: pa.Table
+    errors: list[ErrorRecord] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        """Rows the records stand for (a range record covers several)."""
+        return sum(e.rows for e in self.errors)
