@@ -217,6 +217,8 @@ def test_bf16_refusals(tmp_path):
         )
     with pytest.raises(ConfigError, match="int8 is not built for picture model 'nudenet'"):
         _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", runtime={"precision": "int8"})
+    with pytest.raises(ConfigError, match="runtime.device = cuda: picture models run on the CPU"):
+        _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "nudenet", runtime={"device": "cuda"})
     with pytest.raises(ConfigError, match="bf16 is not built for picture model 'ocr'; use fp32"):
         _run(tmp_path, [str(tmp_path / "photos/*.jpg")], "ocr", runtime={"precision": "bf16"})
 

@@ -56,6 +56,11 @@ def _engine(cfg: JobConfig, kind: str) -> dict[str, str]:
     """The engine and precision of an ONNX picture model: fp32 on ONNX Runtime (or OpenVINO when
     asked), bf16 on OpenVINO where the CPU has bf16 instructions; anything else refused."""
     rt = cfg.runtime
+    if rt.device != "cpu" or rt.tensorrt:
+        raise ConfigError(
+            f"runtime.device = {rt.device}{' with tensorrt' if rt.tensorrt else ''}: picture models run on the CPU "
+            "(ONNX Runtime's or OpenVINO's CPU plugin); leave runtime.device and runtime.tensorrt unset"
+        )
     if rt.precision not in ("fp32", "bf16") or (kind == "ocr" and rt.precision != "fp32"):
         allowed = "fp32" if kind == "ocr" else "fp32 or bf16 (OpenVINO, gated)"
         raise ConfigError(f"runtime.precision: {rt.precision} is not built for picture model {kind!r}; use {allowed}")
