@@ -148,3 +148,39 @@ def test_picture_batches_are_cut_by_bytes_not_only_by_rows(tmp_path):
     batches = list(read_shard(shard, ["id", "image"], batch_rows=4096))
     assert sum(b.num_rows for b in batches) == 10 and len(batches) >= 3  # 4,096 rows a batch would be one of 80 MB
     assert all(b.column("image").nbytes <= BATCH_BYTES + (8 << 20) for b in batches)
+
+
+def test_the_video_summary_has_every_video_and_label():
+    from bulkinfer.commit.videos import summarize_videos
+
+    rows = [
+        {"video_id": "a.mp4", "timestamp_s": 0.0, "detections": [{"label": "FACE", "score": 0.4}]},
+        {
+            "video_id": "a.mp4",
+            "timestamp_s": 0.5,
+            "detections": [{"label": "FACE", "score": 0.9}, {"label": "FACE", "score": 0.2}],
+        },
+        {"video_id": "a.mp4", "timestamp_s": 1.0, "detections": []},
+        {"video_id": "b.mp4", "timestamp_s": 0.0, "detections": []},
+    ]
+    table = summarize_videos(rows).to_pylist()
+    assert table == [
+        {
+            "video_id": "a.mp4",
+            "label": "FACE",
+            "max_score": 0.9,
+            "first_s": 0.0,
+            "last_s": 0.5,
+            "frames": 2,
+            "video_frames": 3,
+        },
+        {
+            "video_id": "b.mp4",
+            "label": None,
+            "max_score": None,
+            "first_s": None,
+            "last_s": None,
+            "frames": 0,
+            "video_frames": 1,
+        },
+    ]

@@ -1,9 +1,10 @@
 """The per-video summary of a finished job over video frames: ``_videos.parquet`` beside the
 frame rows (a ``_`` name: readers of the frames never mix it in), one row per video and label:
 the label's highest score, the first and last time it was seen, the frames it was seen in, and
-the video's frames in the output. Written by the finish step from the committed parts, after
-every video's last frame committed, by one atomic write (a rerun of the finish writes the same
-file again, so it is there once whatever was killed)."""
+the video's frames in the output (a video in which no label was seen: one row, its label
+null). Written by the finish step from the committed parts, after every video's last frame
+committed, by one atomic write (a rerun of the finish writes the same file again, so it is
+there once whatever was killed)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def summarize_videos(rows: Iterable[dict[str, Any]]) -> pa.Table:
          "video_frames": frames[v]}
         for (v, lab), s in sorted(seen.items())
     ]  # fmt: skip
+    labelled = {v for v, _ in seen}
+    out += [{"video_id": v, "label": None, "frames": 0, "video_frames": n} for v, n in sorted(frames.items())
+            if v not in labelled]  # fmt: skip
     return pa.Table.from_pylist(out, schema=SCHEMA)
 
 
