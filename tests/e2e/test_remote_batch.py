@@ -254,7 +254,7 @@ def test_batch_max_requests_is_honoured_or_refused_never_broken(remote):
     made = batches_of(server, d / "out-ceiling")
     assert sorted(b.request_counts.total for b in made) == [60, 120, 120]
     assert sorted(read_output(d / "out-ceiling")["id"].to_pylist()) == list(range(300))
-    refused = cli(*job_args(server, "out-refused"), "--set", "model.batch_max_requests=50", cwd=d, env=env())
+    refused = cli(*job_args(server, "out-over-ceiling"), "--set", "model.batch_max_requests=50", cwd=d, env=env())
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "source.shard_rows = 100 is over model.batch_max_requests = 50" in refused.stderr
-    assert not (d / "out-refused" / "_bulkinfer" / "remote_batches.json").exists()
+    assert not (d / "out-over-ceiling" / "_bulkinfer" / "remote_batches.json").exists()
