@@ -198,10 +198,9 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
         return TabularAdapter(model.location, m.feature_columns)
     from .custom import load_custom
-
-    columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
     from .vision import fit_image_adapter
 
+    columns = list(m.feature_columns) or ([m.text_column] if m.text_column else [])
     return fit_image_adapter(load_custom(model.location, columns, m.options), cfg)
 
 

@@ -146,11 +146,10 @@ def _jpeg(data: bytes, reduce: int = 1) -> np.ndarray | None:
 
 
 def _read(uri: str, name: str) -> bytes:
-    from ..core.storage import filesystem
+    from ..core.storage import open_binary
 
     try:
-        fs, path = filesystem(uri)
-        with fs.open(path, "rb") as f:
+        with open_binary(uri) as f:
             data: bytes = f.read()
     except OSError as exc:
         raise BadImage(f"{name}: cannot read {uri} ({exc.strerror or exc})") from None

@@ -20,6 +20,7 @@ __all__ = [
     "files_only",
     "filesystem",
     "is_remote",
+    "listed_version",
     "open_binary",
     "path_or_file",
     "read_range",
@@ -153,3 +154,16 @@ def files_only(fs: Any, found: Mapping[str, Mapping[str, Any]]) -> dict[str, dic
         elif info.get("islink") and fs.isfile(path):
             out[path] = dict(fs.info(path))
     return out
+
+
+def listed_version(info: Mapping[str, Any]) -> str:
+    """Which write of a file its listing entry (or ``info``) names: the store's entity tag, else
+    its modification time, else its creation time; empty when the store says none."""
+    return str(
+        info.get("ETag")
+        or info.get("etag")
+        or info.get("mtime")
+        or info.get("LastModified")
+        or info.get("created")
+        or ""
+    )

@@ -134,9 +134,11 @@ def quality_gate(
     precision: str,
     threads: int,
     outputs: dict[str, pa.Array] | None = None,
+    remedy: str = "a higher precision",
 ) -> dict[str, Any]:
     """Compare ``candidate`` (set up) with ``reference`` (fp32, set up here) on ``sample``; raise
-    below ``floor``. ``outputs``, when given, receives the candidate's results (output rows) if it passes."""
+    below ``floor``, naming ``remedy`` as what to use instead. ``outputs``, when given, receives
+    the candidate's results (output rows) if it passes."""
     reference.setup(SetupContext(threads=threads))
     columns = predict_table(candidate, sample, batch_size)
     got = {name: to_numpy_column(col) for name, col in columns.items()}
@@ -149,21 +151,7 @@ def quality_gate(
         if outputs is not None:
             outputs.update(columns)
         return figures
-    a, b = np.asarray(ref[name]), np.asarray(got[name])
-    if name == "detections":  # boxes found as fp32 finds them: same label, IoU >= 0.9
-        figures.update(compare_detections(list(ref[name]), list(got[name])))
-        score = figures["boxes_matched"]
-    elif a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
-        figures.update(compare_embeddings(np.stack(list(a)), np.stack(list(b))))
-        score = figures["mean_cosine"]
-    elif np.issubdtype(a.dtype, np.floating):
-        rel = np.abs(a - b) / np.clip(np.abs(a), 1e-12, None)
-        figures["mean_relative_error"] = round(float(rel.mean()), 6)
-        score = 1.0 - figures["mean_relative_error"]
-    else:
-        figures["agreement"] = round(float(np.mean(a == b)), 6)
-        score = figures["agreement"]
-    figures["passed"] = bool(score >= floor)
+    figures["passed"] = bool(_closeness(name, ref[name], got[name], figures) >= floor)
     log.info(
         "quality gate (%s vs fp32 on %d rows): %s",
         precision,
@@ -176,10 +164,9 @@ def quality_gate(
             for k, v in figures.items()
             if k in ("mean_cosine", "min_cosine", "top10_overlap", "mean_relative_error", "agreement", "boxes_matched")
         )
-        instead = 'source.decode = "exact"' if "reduced decode" in precision else "a higher precision"
         err = QualityGateError(
             f"quality gate: {precision} is too far from fp32 on {sample.num_rows} rows of this job ({shown}; "
-            f"floor {floor}); use {instead}, or lower runtime.quality_floor if this is acceptable"
+            f"floor {floor}); use {remedy}, or lower runtime.quality_floor if this is acceptable"
         )
         err.figures = figures
         err.reference = dict(ref)
@@ -187,6 +174,24 @@ def quality_gate(
     if outputs is not None:
         outputs.update(columns)
     return figures
+
+
+def _closeness(name: str, ref: Any, got: Any, figures: dict[str, Any]) -> float:
+    """How close the candidate's output column ``name`` is to fp32's, by the column's kind (its
+    figures added to ``figures``): boxes found, embeddings' cosine, relative error, agreement."""
+    a, b = np.asarray(ref), np.asarray(got)
+    if name == "detections":  # boxes found as fp32 finds them: same label, IoU >= 0.9
+        figures.update(compare_detections(list(ref), list(got)))
+        return float(figures["boxes_matched"])
+    if a.ndim == 2 or (a.dtype == object and len(a) and np.ndim(a[0]) == 1):
+        figures.update(compare_embeddings(np.stack(list(a)), np.stack(list(b))))
+        return float(figures["mean_cosine"])
+    if np.issubdtype(a.dtype, np.floating):
+        rel = np.abs(a - b) / np.clip(np.abs(a), 1e-12, None)
+        figures["mean_relative_error"] = round(float(rel.mean()), 6)
+        return 1.0 - figures["mean_relative_error"]
+    figures["agreement"] = round(float(np.mean(a == b)), 6)
+    return float(figures["agreement"])
 
 
 def job_quality_gate(
@@ -314,9 +319,9 @@ def sample_figures(
             sample,
             batch_size=rt.rows_per_call,
             floor=rt.quality_floor,
-            precision=rt.precision if cfg.source.decode == "exact" else f"{rt.precision} with reduced decode",
             threads=threads,
             outputs=outputs,
+            **_what_is_gated(cfg),
         )
         kept = getattr(adapter, "int8_fp32_groups", None)
         if rt.precision == "int8" and kept:  # a cached or named choice: say it (Ray's workers build it too)
@@ -326,6 +331,15 @@ def sample_figures(
             raise
         figures = partial_int8(adapter, build_adapter(fp32_cfg, model), sample, cfg, model.digest, failed, outputs)
     return figures
+
+
+def _what_is_gated(cfg: JobConfig) -> dict[str, str]:
+    """How the gate names the candidate and what to use instead: a lowered precision, or pictures
+    decoded smaller (``source.decode = "reduced"``, gated against the exact decode)."""
+    precision = cfg.runtime.precision
+    if cfg.source.decode == "exact":
+        return {"precision": precision}
+    return {"precision": f"{precision} with reduced decode", "remedy": 'source.decode = "exact"'}
 
 
 def searchable(cfg: JobConfig, adapter: Adapter) -> bool:

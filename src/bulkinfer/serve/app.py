@@ -20,6 +20,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -42,6 +43,15 @@ __all__ = ["ApiError", "Server", "build_app"]
 log = logging.getLogger("bulkinfer")
 
 
+async def _request_table(server: Server, request: Request) -> pa.Table:
+    """A ``/v1/predict`` request's rows as the table an offline run reads: pictures (an upload
+    or base64) for a picture model, else JSON rows."""
+    if isinstance(server.adapter, ImageAdapter):
+        return await image_table(request, server.adapter.image_column, server.passthrough, server.sv)
+    body = await read_body(request, server.sv.max_body_bytes)
+    return server.check_rows(body.get("rows") if isinstance(body, dict) else None)
+
+
 def build_app(cfg: JobConfig) -> Starlette:
     """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
     server = Server(cfg)
@@ -49,11 +59,7 @@ def build_app(cfg: JobConfig) -> Starlette:
     async def predict(request: Request) -> Response:
         if server.model.kind == "generate":
             raise ApiError(404, f"a generation model answers POST {CHAT} and {COMPLETIONS}", "not_found")
-        if isinstance(server.adapter, ImageAdapter):
-            table = await image_table(request, server.adapter.image_column, server.passthrough, server.sv)
-        else:
-            body = await read_body(request, server.sv.max_body_bytes)
-            table = server.check_rows(body.get("rows") if isinstance(body, dict) else None)
+        table = await _request_table(server, request)
         request.state.rows = table.num_rows
         server.keys.charge_rows(request, table.num_rows)
         answer = await server.infer(table)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from fsspec.implementations.local import LocalFileSystem
 
 from ..core.errors import SourceError
-from ..core.media import IMAGE_EXTENSIONS, looks_like_images
-from ..core.storage import files_only, filesystem, store_trouble
+from ..core.media import IMAGE_EXTENSIONS
+from ..core.storage import filesystem, listed_version, open_binary, store_trouble
 from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .expand import expand, qualify
 
 __all__ = ["ImageFilesFormat", "Listing", "image_inputs", "list_images"]
 
@@ -54,47 +54,23 @@ def _root(fs: Any, path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-def _found(fs: Any, path: str, pattern: str) -> dict[str, dict[str, Any]]:
-    if _glob.has_magic(path):
-        found = files_only(fs, fs.glob(path, detail=True))
-        if not found:
-            raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
-        return found
-    if fs.isdir(path):
-        found = {
-            p: i
-            for p, i in files_only(fs, fs.find(path, detail=True)).items()
-            if looks_like_images(p) and not p.rsplit("/", 1)[-1].startswith(("_", "."))
-        }
-        if not found:
-            raise SourceError(f"{pattern}: the folder holds no picture ({', '.join(IMAGE_EXTENSIONS)})", pattern)
-        return found
-    if fs.isfile(path):
-        return {path: fs.info(path)}
-    raise SourceError(f"{pattern}: no such file or directory; check the path", pattern)
-
-
 def list_images(pattern: str) -> Listing:
     """The pictures ``pattern`` (a folder, glob, file or URI) names, sorted, and their hash."""
+    found = expand(pattern, IMAGE_EXTENSIONS)
     try:
         fs, path = filesystem(pattern)
-        found = _found(fs, path, pattern)
-        root = _root(fs, path)
-    except SourceError:
-        raise
+        root = qualify(fs, _root(fs, path))
     except Exception as exc:  # the store's client raised it: any library, any kind
         raise store_trouble(pattern, exc) from exc
-    local = isinstance(fs, LocalFileSystem)
     ids, uris, sizes = [], [], []
     h = hashlib.sha256()
-    for p in sorted(found):
-        info = found[p]
-        rel = p[len(root) + 1 :] if root and p.startswith(root + "/") else p.rsplit("/", 1)[-1] if root else p
+    for uri in sorted(found):
+        info = found[uri]
+        rel = uri[len(root) + 1 :] if root and uri.startswith(root + "/") else uri.rsplit("/", 1)[-1] if root else uri
         size = int(info.get("size") or 0)
-        version = str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or "")
-        h.update(f"{rel}\t{size}\t{version}\n".encode())
+        h.update(f"{rel}\t{size}\t{listed_version(info)}\n".encode())
         ids.append(rel)
-        uris.append(p if local else fs.unstrip_protocol(p))
+        uris.append(uri)
         sizes.append(size)
     return Listing(root, tuple(ids), tuple(uris), tuple(sizes), h.hexdigest()[:32])
 
@@ -145,8 +121,7 @@ def _listing_of(uri: str, digest: str) -> Listing:
 
 
 def _read_file(uri: str) -> bytes:
-    fs, path = filesystem(uri)
-    with fs.open(path, "rb") as f:
+    with open_binary(uri) as f:
         data: bytes = f.read()
     return data
 

@@ -3,20 +3,15 @@ known formats, and fingerprint each file (size, version, a hash of head and tail
 
 from __future__ import annotations
 
-import glob as _glob
 import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
-from ..core.errors import SourceError
-from ..core.media import looks_like_images
-from ..core.storage import concurrently, files_only, filesystem, store_trouble
+from ..core.storage import concurrently, filesystem, listed_version
 from .base import InputFile
 from .encoding import LINE_FORMATS, codec_of
+from .expand import expand
 from .images import image_inputs
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
@@ -28,51 +23,9 @@ __all__ = ["expand_inputs", "fingerprint", "list_inputs"]
 _HASH_BYTES = 64 * 1024
 
 
-def _qualify(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    if isinstance(fs, LocalFileSystem):
-        return path
-    return fs.unstrip_protocol(path)
-
-
-def _is_data_file(path: str, extensions: Sequence[str]) -> bool:
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    return not name.startswith(("_", ".")) and any(name.lower().endswith(e) for e in extensions)
-
-
-def _expand(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The files ``pattern`` names, each with what its listing said of it (size, ETag or
-    mtime): a listing of a directory or a glob costs one request per 1,000 objects on an
-    object store, where asking each file would cost one per file."""
-    try:
-        return _listing(pattern, extensions)
-    except SourceError:
-        raise
-    except Exception as exc:  # the store's client raised it: any library, any kind
-        raise store_trouble(pattern, exc) from exc
-
-
-def _listing(pattern: str, extensions: Sequence[str]) -> dict[str, dict[str, Any]]:
-    fs, path = filesystem(pattern)
-    if _glob.has_magic(path):
-        found = files_only(fs, fs.glob(path, detail=True))
-        if not found:
-            raise SourceError(f"{pattern}: the pattern matches no file; check the path", pattern)
-        return {_qualify(fs, p): info for p, info in found.items()}
-    if fs.isdir(path):
-        found = {p: i for p, i in files_only(fs, fs.find(path, detail=True)).items() if _is_data_file(p, extensions)}
-        if not found:
-            pictures = any(looks_like_images(p) for p in files_only(fs, fs.find(path, detail=True)))
-            hint = "; it holds pictures: pass --set source.format=images" if pictures else ""
-            raise SourceError(f"{pattern}: the directory holds no {', '.join(extensions)} file{hint}", pattern)
-        return {_qualify(fs, p): info for p, info in found.items()}
-    if fs.isfile(path):
-        return {_qualify(fs, path): fs.info(path)}
-    raise SourceError(f"{pattern}: no such file or directory; check the path", pattern)
-
-
 def expand_inputs(pattern: str) -> list[str]:
     """The files a path, directory or glob names (data files of the known formats in a directory)."""
-    return list(_expand(pattern, list(EXTENSIONS)))
+    return list(expand(pattern, list(EXTENSIONS)))
 
 
 def fingerprint(
@@ -93,7 +46,7 @@ def fingerprint(
         info = fs.info(path)
     size = int(info.get("size") or 0)
     tag = info.get("ETag") or info.get("etag")
-    version = str(tag or info.get("mtime") or info.get("LastModified") or info.get("created") or "")
+    version = listed_version(info)
     if tag and known is not None and known.format == fmt and (known.size, known.version) == (size, version):
         return known
     try:
@@ -130,7 +83,7 @@ def list_inputs(
 
     found: dict[str, dict[str, Any]] = {}
     for pattern in patterns:
-        found.update(_expand(pattern, list(EXTENSIONS)))
+        found.update(expand(pattern, list(EXTENSIONS)))
     unique = sorted(found)
     before = {f.uri: f for f in known}
     encoding = getattr(source, "encoding", "auto")

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..core.errors import SourceError
 from ..core.media import VIDEO_EXTENSIONS, raw_frame
-from ..core.storage import filesystem
+from ..core.storage import filesystem, listed_version
 from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["VideoFormat", "open_video", "sampling_spec"]
@@ -162,8 +162,7 @@ def _frames(shard: Shard, bad: BadRow, video_id: str) -> Iterator[tuple[int, dic
 
 def _version(uri: str) -> str:
     fs, path = filesystem(uri)
-    info = fs.info(path)
-    return str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or "")
+    return listed_version(fs.info(path))
 
 
 def _batch(rows: list[dict[str, Any]], columns: Sequence[str]) -> pa.RecordBatch:
