@@ -36,6 +36,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 	$(PY) $(CIRCLES) src/bulkinfer
+	$(PY) $(CIRCLES) src/bulkinfer --packages
 
 # the manual: a broken link or anchor fails the build (strict)
 docs: $(STAMP)

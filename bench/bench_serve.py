@@ -36,8 +36,9 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from bulkinfer.adapters import SetupContext, available_cpus, build_adapter, predict_table, resolve_model
+from bulkinfer.adapters import SetupContext, build_adapter, predict_table, resolve_model
 from bulkinfer.config import load_config
+from bulkinfer.core.hardware import available_cpus
 from bulkinfer.serve.batcher import measure_call_overhead
 
 ROOT = Path(__file__).resolve().parents[1]

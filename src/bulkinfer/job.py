@@ -43,7 +43,7 @@ from .precision.settle import Settled, settle
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
 from .report.lineage import Lineage
-from .report.output import instance_price, load_output_stats
+from .report.publish import instance_price, load_output_stats
 from .runners import make_runner
 from .runners.ray import auto_on_cluster
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink

@@ -21,7 +21,7 @@ from .config import JobConfig, load_config
 from .config.load import toml_value
 from .core.errors import Interrupted
 from .core.storage import use_storage_options
-from .outputs.read import normalise, private_json
+from .finished.read import normalise, private_json
 
 __all__ = ["JobProcess", "Outcome"]
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 
 from bulkinfer import load_config
-from bulkinfer.adapters import available_cpus, resolve_model
+from bulkinfer.adapters import resolve_model
+from bulkinfer.core.hardware import available_cpus
 from bulkinfer.precision.tune import results_path
 
 from helpers import cli, make_catalog, read_output, write

@@ -11,7 +11,7 @@ import pytest
 
 from bulkinfer import load_config, run_job
 from bulkinfer.core.errors import ConfigError, Interrupted
-from bulkinfer.report.output import price_table
+from bulkinfer.report.publish import price_table
 
 from helpers import cli, stop_after_commits, tabular_table, train_classifier, write
 

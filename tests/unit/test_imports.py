@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import shutil
 from pathlib import Path
 
 import bulkinfer
@@ -13,15 +14,15 @@ import bulkinfer
 SRC = Path(bulkinfer.__file__).parent
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+def _module_name(path: Path, src: Path = SRC) -> str:
+    parts = ["bulkinfer", *path.relative_to(src).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _own_imports(runtime_only: bool = False) -> list[tuple[str, int, str, str]]:
+def _own_imports(src: Path = SRC) -> list[tuple[str, int, str, str]]:
     found = []
-    for path in sorted(SRC.rglob("*.py")):
-        name = _module_name(path)
+    for path in sorted(src.rglob("*.py")):
+        name = _module_name(path, src)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         tree = ast.parse(path.read_text())
         typing_only = {  # names a TYPE_CHECKING block imports may be defined only for the type checker
@@ -31,8 +32,6 @@ def _own_imports(runtime_only: bool = False) -> list[tuple[str, int, str, str]]:
             for n in ast.walk(block)
         }
         for node in ast.walk(tree):
-            if runtime_only and id(node) in typing_only:
-                continue
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -43,11 +42,11 @@ def _own_imports(runtime_only: bool = False) -> list[tuple[str, int, str, str]]:
                     continue
                 for alias in node.names:
                     name = "" if id(node) in typing_only else alias.name
-                    found.append((str(path.relative_to(SRC)), node.lineno, target, name))
+                    found.append((str(path.relative_to(src)), node.lineno, target, name))
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.split(".")[0] == "bulkinfer":
-                        found.append((str(path.relative_to(SRC)), node.lineno, alias.name, ""))
+                        found.append((str(path.relative_to(src)), node.lineno, alias.name, ""))
     return found
 
 
@@ -71,30 +70,51 @@ def test_every_import_of_our_own_modules_resolves():
     assert broken == []
 
 
-# the one direction imports run (docs/architecture.md): a package imports only from its own
-# layer or below; within a layer, the circle check (tools/circles.py) keeps it one way
-LAYERS = {
-    "core": 0, "config": 0, "_version": 0,
-    "sources": 1,
-    "engines": 2, "llm": 2,
-    "adapters": 3,
-    "plan": 4, "sinks": 4,
-    "precision": 5, "runners": 5, "commit": 5, "report": 5, "outputs": 5, "spark": 5,
-    "job": 6, "serve": 6, "orchestrate": 6,
-    "cli": 7, "airflow": 7, "dagster": 7,
-    "__main__": 8, "": 8,
-}  # fmt: skip
+# the total order of packages (docs/architecture.md), lowest first: a package imports only
+# packages before it, at module level, inside functions and under TYPE_CHECKING alike
+ORDER = [
+    "_version", "core", "config", "sources", "engines", "llm", "adapters", "plan", "sinks",
+    "finished", "report", "commit", "precision", "spark", "runners", "outputs",
+    "job", "serve", "orchestrate", "cli", "airflow", "dagster", "__main__", "",
+]  # fmt: skip
 
 
-def _layer(module: str) -> int:
+def _package(module: str) -> str:
     parts = module.split(".")
-    return LAYERS[parts[1] if len(parts) > 1 else ""]
+    return parts[1] if len(parts) > 1 else ""
 
 
-def test_imports_run_one_way_from_the_cli_down_to_core():
-    upward = []
-    for where, line, module, name in _own_imports(runtime_only=True):
-        here = ".".join(["bulkinfer", *Path(where).with_suffix("").parts]).removesuffix(".__init__")
+def against_the_order(src: Path) -> list[str]:
+    """Every import in ``src`` (the bulkinfer package or a copy of it) of a package that the
+    order puts at or above the importer's own (a package's imports of itself excepted)."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    wrong = []
+    for where, line, module, name in _own_imports(src):
+        here = _package(".".join(["bulkinfer", *Path(where).with_suffix("").parts]).removesuffix(".__init__"))
         targets = [f"{module}.{name}"] if module == "bulkinfer" and name else [module]
-        upward += [f"{where}:{line}: {here} -> {t}" for t in targets if _layer(t) > _layer(here)]
-    assert upward == []
+        for t in targets:
+            there = _package(t)
+            if there not in rank or here not in rank:
+                wrong.append(f"{where}:{line}: {t}: a package the order does not list")
+            elif there != here and rank[there] > rank[here]:
+                wrong.append(f"{where}:{line}: {here} -> {there}")
+    return wrong
+
+
+def test_every_package_is_in_the_order_and_imports_only_those_below_it():
+    packages = {_package(_module_name(p)) for p in SRC.rglob("*.py")}
+    assert packages == set(ORDER)
+    assert against_the_order(SRC) == []
+
+
+def test_the_order_check_fails_on_an_upward_import(tmp_path):
+    copy = tmp_path / "bulkinfer"
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert against_the_order(copy) == []
+    hashing = copy / "core" / "hashing.py"
+    hashing.write_text(hashing.read_text() + "\n\ndef _up():\n    from ..outputs.html import load_run\n")
+    sink = copy / "sinks" / "files.py"
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..commit.ledger import Ledger\n"
+    sink.write_text(sink.read_text() + typed)
+    found = against_the_order(copy)
+    assert [f.split(": ", 1)[1] for f in found] == ["core -> outputs", "sinks -> commit"]

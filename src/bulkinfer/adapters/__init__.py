@@ -15,11 +15,11 @@ from pathlib import Path
 
 from ..config import JobConfig, ModelConfig, RuntimeConfig
 from ..core.errors import ConfigError, ModelError
+from ..core.hardware import available_cpus
 from .base import (
     Adapter,
     RowsRejected,
     SetupContext,
-    available_cpus,
     predict_features,
     predict_table,
     to_arrow_column,
@@ -34,7 +34,6 @@ __all__ = [
     "ResolvedModel",
     "RowsRejected",
     "SetupContext",
-    "available_cpus",
     "build_adapter",
     "job_setup_context",
     "predict_features",

@@ -15,7 +15,6 @@ The same object serves online requests, so offline and online results cannot dri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,25 +24,17 @@ import pyarrow as pa
 
 from ..core.batching import plan_batches, restore_order
 from ..core.errors import ModelError
+from ..core.hardware import available_cpus
 
 __all__ = [
     "Adapter",
     "RowsRejected",
     "SetupContext",
-    "available_cpus",
     "predict_features",
     "predict_table",
     "to_arrow_column",
     "to_numpy_column",
 ]
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (respects taskset, cgroups' cpusets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 class RowsRejected(Exception):

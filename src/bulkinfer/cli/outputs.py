@@ -188,7 +188,7 @@ def report(
     drift and, with --compare, the canary comparison. It opens offline."""
     _prepare(quiet)
     from ..outputs.compare import CompareSpec, compare_outputs
-    from ..report.html import load_run, render_report
+    from ..outputs.html import load_run, render_report
     from ..sinks import is_remote
 
     try:

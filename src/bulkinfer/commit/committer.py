@@ -17,10 +17,9 @@ import numpy as np
 
 from ..core.errors import ErrorBudgetExceeded
 from ..core.faults import crash_point
-from ..core.layout import ERRORS
+from ..core.layout import ERRORS, STATS
 from ..core.records import decode_records
 from ..report.columns import describe
-from ..report.output import STATS
 from ..sources.shardtable import ShardTable
 from .ledger import Commit, CommitTally, OutputLedger
 from .routing import DEFAULT, Route, split

@@ -12,7 +12,7 @@ from ..config import JobConfig
 from ..core.records import ErrorRecord
 from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
-from ..runners.reuse import write_deleted
+from .deleted import write_deleted
 from .ledger import Commit, CommitTally, OutputLedger
 from .videos import write_video_summary
 

@@ -18,7 +18,7 @@ class CostGuard:
     """Stops the run (``stop``) once its projected cost passes ``execution.max_cost``."""
 
     def __init__(self, cfg: JobConfig, stats: RunStats, stop: threading.Event) -> None:
-        from ..report.output import instance_price
+        from ..report.publish import instance_price
 
         self.limit = cfg.execution.max_cost
         self.price, _source = instance_price(cfg)

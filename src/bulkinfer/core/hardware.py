@@ -27,6 +27,7 @@ __all__ = [
     "CPU_FEATURES",
     "ORT_GPU_PROVIDERS",
     "RUNTIME_NAMES",
+    "available_cpus",
     "confirm",
     "cpu",
     "device_here",
@@ -61,6 +62,14 @@ CPU_FEATURES = {
     "i8mm": "i8mm",
     "asimddp": "arm_dotprod",
 }
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (respects taskset, cgroups' cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
 
 
 def parse_cpuinfo(text: str, arch: str) -> dict[str, Any]:
@@ -130,7 +139,7 @@ def cpu() -> dict[str, Any]:
     except OSError:
         text = ""
     out = confirm(parse_cpuinfo(text, platform.machine()), _runtime_features())
-    out["cpus"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    out["cpus"] = available_cpus()
     return out
 
 

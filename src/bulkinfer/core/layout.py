@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ERRORS", "HASH_COLUMN", "PRIVATE", "SUCCESS", "result_columns"]
+__all__ = ["DELETED", "ERRORS", "HASH_COLUMN", "PRIVATE", "STATS", "SUCCESS", "result_columns"]
 
 PRIVATE = "_bulkinfer"
 """The output's private folder: the ledger, the lock, the plan, the report."""
@@ -21,6 +21,10 @@ SUCCESS = "_SUCCESS"
 """The manifest of a complete output (files, row counts, checksums), written last."""
 ERRORS = "_errors"
 """One record per failed row, in files named after the part they belong to."""
+DELETED = "_deleted.parquet"
+"""An incremental run's ids no longer in the input (written by the finish step)."""
+STATS = "stats.json"
+"""Under PRIVATE: the committed rows' column statistics (a later run's drift baseline)."""
 HASH_COLUMN = "_input_hash"
 """Each row's input hash (``sink.input_hash``; always in an incremental run's output)."""
 

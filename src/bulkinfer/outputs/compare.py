@@ -36,13 +36,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
+from ..core.hashing import id_keys, splitmix64
 from ..core.layout import result_columns
 from ..core.records import decode_records
 from ..core.storage import read_whole
+from ..finished.read import Part, finished_output, normalise, part_batches, part_schema
 from ..report.columns import column_kind, summary
-from ..runners.reuse import id_keys, splitmix64
 from .compare_columns import Labels, Numbers, TopK, Vectors, ks_from_sketches, matrix, unit
-from .read import Part, finished_output, normalise, part_batches, part_schema
 
 __all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
 
@@ -62,7 +62,7 @@ class CompareSpec:
 # -- ids -> 64-bit hashes (the same on both sides, whatever the part layout) ---------------
 def id_hashes(ids: pa.Array) -> np.ndarray:
     """A 64-bit hash per id, spread evenly (the buckets and the sample depend on it): integers
-    through splitmix64, anything else through BLAKE2b of its text (``reuse.id_keys``)."""
+    through splitmix64, anything else through BLAKE2b of its text (``core.hashing.id_keys``)."""
     keys = id_keys(ids)
     return splitmix64(keys) if pa.types.is_integer(ids.type) and ids.null_count == 0 else keys
 

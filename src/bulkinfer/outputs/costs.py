@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.errors import SourceError
 from ..core.storage import filesystem
-from .read import normalise
+from ..finished.read import normalise
 
 __all__ = ["collect_runs", "render", "sum_costs"]
 

@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 
 from ..core.errors import OutputError, QualityGateError, SourceError
 from ..engines.ann import load_faiss, valid_vectors
+from ..finished.read import Part, finished_output, normalise, part_batches
 from ..sinks.files import write_bytes
-from .read import Part, finished_output, normalise, part_batches
 
 __all__ = ["IndexReport", "IndexSpec", "build_index", "describe_params"]
 

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from .._version import __version__
-from ..adapters import Adapter, SetupContext, available_cpus, build_adapter, predict_table, to_numpy_column
+from ..adapters import Adapter, SetupContext, build_adapter, predict_table, to_numpy_column
 from ..core.errors import QualityGateError
-from ..core.hardware import int8_scheme, isa_key
+from ..core.hardware import available_cpus, int8_scheme, isa_key
 from ..engines import default_cache_dir
 from ..sources import ROW, Shard, read_shard
 from .detections import compare_detections

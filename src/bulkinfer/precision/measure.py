@@ -68,7 +68,7 @@ def measure(
     """Rows/s of ``processes`` processes running the model on ``sample`` at once (one thread
     each; with 1, this process with every CPU it may use), after each set up and warmed up."""
     if processes == 1:
-        from ..adapters import available_cpus
+        from ..core.hardware import available_cpus
 
         adapter = _ready(cfg, model, sample, batch_size, threads=cfg.runtime.threads or available_cpus())
         try:

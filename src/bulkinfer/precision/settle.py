@@ -38,9 +38,9 @@ from ..config import JobConfig
 from ..core import hardware
 from ..core.errors import BulkinferError, ConfigError
 from ..core.storage import storage_options_for
+from ..finished.previous import check_previous, check_reusable
+from ..finished.read import private_json
 from ..llm.batch_files import batch_config
-from ..outputs.previous import check_previous, check_reusable
-from ..outputs.read import private_json
 from ..plan import job_identity
 from .tune import auto_batch_size, auto_precision
 

@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..adapters import GPU_BATCH_SIZES, SetupContext, available_cpus, build_adapter, resolve_model
+from ..adapters import GPU_BATCH_SIZES, SetupContext, build_adapter, resolve_model
 from ..config import JobConfig
 from ..config.load import toml_value
 from ..core.errors import BulkinferError, ConfigError, QualityGateError
+from ..core.hardware import available_cpus
 from ..core.storage import use_storage_options
 from ..engines import choose_engine, default_cache_dir
 from ..sinks import write_bytes

@@ -3,8 +3,8 @@ the progress display (``progress``), ``report.json`` and Prometheus (``output``)
 
 from __future__ import annotations
 
-from .output import prometheus_text, write_report
 from .progress import Progress
+from .publish import prometheus_text, write_report
 from .stats import RunStats
 
 __all__ = ["Progress", "RunStats", "prometheus_text", "write_report"]

@@ -119,9 +119,8 @@ def load_baseline(where: str | None) -> OutputStats | None:
     """The column statistics of ``monitor.baseline`` (checked before any inference)."""
     if where is None:
         return None
-    from ..core.layout import PRIVATE
+    from ..core.layout import PRIVATE, STATS
     from ..core.storage import read_whole
-    from .output import STATS
 
     data = read_whole(f"{where.rstrip('/')}/{PRIVATE}/{STATS}")
     if data is None:

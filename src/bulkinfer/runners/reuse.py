@@ -27,7 +27,6 @@ the window's assembly (:mod:`bulkinfer.runners.window`) puts the results where t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -37,97 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..core.errors import SourceError
+from ..core.hashing import id_keys, row_hashes
 from ..core.layout import HASH_COLUMN
-from ..outputs.previous import previous_hint, schema_names
+from ..finished.previous import previous_hint, schema_names
 
 if TYPE_CHECKING:
-    from ..commit.ledger import OutputLedger
     from ..config import JobConfig
-    from ..plan import JobPlan
     from ..report import RunStats
 
-__all__ = [
-    "DELETED",
-    "HASH_COLUMN",
-    "DedupeCache",
-    "PreviousOutput",
-    "Reuse",
-    "Slot",
-    "WindowReuse",
-    "deleted_rows",
-    "id_keys",
-    "row_hashes",
-    "splitmix64",
-    "write_deleted",
-]
+__all__ = ["HASH_COLUMN", "DedupeCache", "PreviousOutput", "Reuse", "Slot", "WindowReuse"]
 
 log = logging.getLogger("bulkinfer")
-
-DELETED = "_deleted.parquet"
-_NULL = np.uint64(0x6A09E667F3BCC908)
-_M = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, vectorised."""
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of 64-bit values: a well-spread hash of integers, vectorised."""
-    with np.errstate(over="ignore"):
-        return _mix(x.astype(np.uint64) + _M)
-
-
-def _blake(values: Sequence[Any]) -> np.ndarray:
-    out = np.empty(len(values), np.uint64)
-    for i, v in enumerate(values):
-        if v is None:
-            out[i] = _NULL
-            continue
-        data = v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogatepass")
-        out[i] = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-    return out
-
-
-def _column_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    t = arr.type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
-        bits = np.ascontiguousarray(np.where(values == 0, 0.0, values)).view(np.uint64)  # -0.0 == 0.0
-        h = splitmix64(bits)
-        if arr.null_count:
-            h = np.where(arr.is_null().to_numpy(zero_copy_only=False), _NULL, h)
-        return h
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_struct(t):
-        import json
-
-        return _blake([None if v is None else json.dumps(v, sort_keys=True) for v in arr.to_pylist()])
-    return _blake(arr.to_pylist())
-
-
-def row_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
-    """One 64-bit hash per row of the values in ``columns`` (in that order)."""
-    h = np.full(table.num_rows, np.uint64(len(columns)), np.uint64)
-    with np.errstate(over="ignore"):
-        for name in columns:
-            h = _mix(h * _M + _column_hash(table.column(name)))
-    return h
-
-
-def id_keys(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A 64-bit key per id: integers as themselves, anything else by BLAKE2b of its text."""
-    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    if pa.types.is_integer(arr.type) and arr.null_count == 0:
-        return arr.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64)
-    return _blake(arr.to_pylist())
 
 
 @dataclass(frozen=True)
@@ -142,7 +63,7 @@ class PreviousOutput:
     """The rows of an earlier output a run may take results from (read-only)."""
 
     def __init__(self, where: str, id_column: str) -> None:
-        from ..outputs.read import finished_output, part_batches
+        from ..finished.read import finished_output, part_batches
 
         self.where = where
         self.id_column = id_column
@@ -233,52 +154,6 @@ class PreviousOutput:
     def ids(self) -> np.ndarray:
         """Every previous id key (sorted)."""
         return self.index.keys
-
-
-def deleted_rows(where: str, id_column: str, current: np.ndarray) -> pa.Table:
-    """The previous output's ids that ``current`` (id keys) no longer has."""
-    from ..outputs.read import finished_output, part_batches
-
-    parts, _ = finished_output(where, "reused (--incremental-from)")
-    now = np.sort(current)
-    gone: list[pa.Array] = []
-    for part in parts:
-        for batch in part_batches(part, [id_column], previous_hint(where)):
-            keys = id_keys(batch.column(0))
-            at = np.minimum(np.searchsorted(now, keys), max(len(now) - 1, 0))
-            present = now[at] == keys if len(now) else np.zeros(len(keys), bool)
-            gone.append(batch.column(0).filter(pa.array(~present)))
-    ids = pa.concat_arrays(gone) if gone else pa.array([], pa.int64())
-    return pa.table({id_column: ids})
-
-
-def write_deleted(
-    previous: str, cfg: JobConfig, plan: JobPlan, ledger: OutputLedger, report: dict[str, Any]
-) -> dict[str, Any]:
-    """An incremental run lists the previous output's ids that are no longer in the input in
-    ``_deleted.parquet``: a record beside the parts rather than tombstone rows, so the snapshot
-    stays readable on its own and a ``sink.mode = "delta"`` consumer reads the deletions from one
-    file. Rows that failed this run are not deleted: they are still in the input."""
-    import io
-
-    import pyarrow.parquet as pq
-
-    from ..core.schema import parse_type
-    from ..sources import read_shard
-
-    id_col = cfg.source.id_column or ""
-    types = {c: parse_type(t) for c, t in (plan.column_types or {}).items() if c == id_col}
-    keys = [
-        id_keys(batch.column(id_col))
-        for shard in plan.shards
-        for batch in read_shard(shard, [id_col], cfg.source.read_batch_rows, lambda row, msg: None, types)
-    ]
-    gone = deleted_rows(previous, id_col, np.concatenate(keys) if keys else np.empty(0, np.uint64))
-    buf = io.BytesIO()
-    pq.write_table(gone, buf)
-    ledger.write_file(DELETED, buf.getvalue())
-    report["reuse"]["rows_deleted"] = gone.num_rows
-    return {"deleted": {"file": DELETED, "rows": gone.num_rows}}
 
 
 class Slot:

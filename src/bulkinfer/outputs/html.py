@@ -22,7 +22,7 @@ from ..core.errors import OutputError
 from ..core.layout import ERRORS, SUCCESS
 from ..core.records import decode_records
 from ..core.storage import read_whole
-from ..outputs.read import normalise, private_json
+from ..finished.read import normalise, private_json
 from .charts import GREEN, ORANGE, RED, Charts, num
 from .thumbnails import picture_rows, thumbnail
 

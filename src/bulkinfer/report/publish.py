@@ -8,20 +8,19 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..adapters import available_cpus
 from ..core.errors import ConfigError, OutputError
-from ..core.hardware import cpu, gpu, isa_key
+from ..core.hardware import available_cpus, cpu, gpu, isa_key
+from ..core.layout import STATS
 from .columns import OutputStats, describe
 from .stats import RunStats
 
 if TYPE_CHECKING:
-    from ..commit.ledger import OutputLedger
     from ..config import JobConfig
 
 __all__ = [
-    "STATS",
+    "PrivateFiles",
     "instance_price",
     "load_output_stats",
     "price_table",
@@ -30,14 +29,22 @@ __all__ = [
     "write_report",
 ]
 
-STATS = "stats.json"
-
 log = logging.getLogger("bulkinfer")
+
+
+class PrivateFiles(Protocol):
+    """What the report needs of an output's ledger (:mod:`bulkinfer.commit`, a stage above this
+    one): its private files and its committed parts."""
+
+    def write_private(self, name: str, data: Mapping[str, Any]) -> None: ...
+    def write_private_text(self, name: str, text: str) -> None: ...
+    def read_private(self, name: str) -> dict[str, Any] | None: ...
+    def read_part(self, name: str) -> bytes: ...
 
 
 def write_report(
     cfg: JobConfig,
-    ledger: OutputLedger,
+    ledger: PrivateFiles,
     stats: RunStats,
     status: str,
     fingerprint: str,
@@ -140,7 +147,7 @@ def price_table() -> dict[str, Any]:
     return tomllib.loads(files("bulkinfer").joinpath("data/prices.toml").read_text())
 
 
-def load_output_stats(ledger: OutputLedger, in_force: set[str], fmt: str, skip: list[str]) -> OutputStats:
+def load_output_stats(ledger: PrivateFiles, in_force: set[str], fmt: str, skip: list[str]) -> OutputStats:
     """The statistics of the committed parts (named in ``in_force``): those ``stats.json`` kept,
     plus those of parts committed after it was last written (a run killed outright), computed
     again from the files."""
