@@ -160,113 +160,162 @@ def build_index(
 ) -> IndexReport:
     """Build ``dest`` (and its ``.ids.parquet``, ``.json``) from the finished output ``output``;
     ``on_rows(done, total)`` follows the add pass (the CLI draws a bar with it)."""
-    faiss = load_faiss()
-    out = normalise(output)
+    out, parts, job, id_column = _indexable(output)
     dest = Path(dest).expanduser()
-    parts, job = finished_output(out)
-    config = job.get("config", {})
-    id_column = config.get("source", {}).get("id_column")
-    if not id_column:
-        raise SourceError(f"{out}: the run had no source.id_column; an index maps neighbours back to ids", out)
-    n_rows = sum(p.rows for p in parts)
-    if n_rows == 0:
-        raise SourceError(f"{out}: the output holds no rows to index", out)
-    rng = np.random.default_rng(spec.seed)
     t0 = time.perf_counter()
-
-    n_queries = min(spec.queries, n_rows)
-    metric = faiss.METRIC_L2 if spec.metric == "l2" else faiss.METRIC_INNER_PRODUCT
-    # IVF-PQ keeps no full vectors: a first pass samples its training vectors and the queries,
-    # and the exact answer is kept in a heap while adding. Flat and HNSW keep the vectors, so
-    # one pass adds them and picks the queries up; exact search runs on the stored vectors.
-    compressed = spec.kind == "ivf-pq"
-    index: Any = None
-    dim: int | None = None
-    params: dict[str, int] = {}
-    exact: Any = None
-    queries = np.zeros((0, 0), dtype=np.float32)
-    if compressed:
-        n_train = min(n_rows, max(256 * 64, 40 * _nlist(spec, n_rows)))
-        wanted = np.sort(rng.choice(n_rows, size=max(n_train, n_queries), replace=False))
-        sample, dim = _gather(parts, spec.column, wanted)
-        if dim is None or not len(sample):
-            raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", out)
-        sample = _prepare(spec, sample)
-        queries = sample[rng.permutation(len(sample))[:n_queries]]
-        params = _params(spec, n_rows, dim)
-        index = _new_index(spec, dim, params)
-        if (few := few_training_points(params, len(sample))) is not None:
-            log.warning("%s", few)
-        index.train(sample)
-        exact = faiss.ResultHeap(len(queries), spec.k, keep_max=spec.metric != "l2")
-    else:
-        query_at = set(rng.choice(n_rows, size=n_queries, replace=False).tolist())
-        picked: list[np.ndarray] = []
-
-    ids: list[pa.Array] = []
-    errors: list[dict[str, Any]] = []
-    added = done = 0
+    build = _Build(spec, out, sum(p.rows for p in parts))
+    if spec.kind == "ivf-pq":
+        build.train(parts)
+    done = 0
     for part in parts:
         offset = 0
         for batch in part_batches(part, [spec.column, id_column]):
-            mat, keep, reasons = valid_vectors(batch.column(spec.column), dim)
-            for i, why in enumerate(reasons):
-                if why:
-                    errors.append({"file": part.name, "row": offset + i, "error": why})
-            mat = _prepare(spec, mat)
-            if len(mat):
-                if index is None:
-                    dim = mat.shape[1]
-                    params = _params(spec, n_rows, dim)
-                    index = _new_index(spec, dim, params)
-                index.add(mat)
-                ids.append(batch.column(id_column).take(pa.array(keep)))
-                if exact is not None:
-                    flat = faiss.IndexFlat(dim, metric)
-                    flat.add(mat)
-                    dist, lab = flat.search(queries, min(spec.k, len(mat)))
-                    exact.add_result(dist, np.where(lab >= 0, lab + added, -1))
-                else:
-                    first = part.first + offset
-                    mine = [j for j, row in enumerate(keep.tolist()) if first + row in query_at]
-                    if mine:
-                        picked.append(mat[mine])
-                added += len(mat)
+            build.add(part, offset, batch, id_column)
             offset += batch.num_rows
             done += batch.num_rows
-            on_rows(done, n_rows)
-    if added == 0 or index is None or dim is None:
-        raise SourceError(f"{out}: column {spec.column!r} holds no valid vector", out)
-    if exact is not None:
-        exact.finalize()
-        truth = exact.I
-    else:
-        queries = np.vstack(picked) if picked else index.reconstruct_n(0, min(n_queries, index.ntotal))
-        stored = index if spec.kind == "flat" else faiss.downcast_index(index.storage)
-        _, truth = stored.search(queries, spec.k)  # brute force over the stored vectors
-
-    # recall@k against exact search, and the query rate
-    t_q = time.perf_counter()
-    _, found = index.search(queries, spec.k)
-    qps = len(queries) / max(time.perf_counter() - t_q, 1e-9)
-    # of the true neighbours there are: an output of fewer vectors than k has fewer than k of them
-    recall = float(
-        np.mean(
-            [
-                len(set(f[f >= 0]) & set(e[e >= 0])) / max(1, int((e >= 0).sum()))
-                for f, e in zip(found, truth, strict=True)
-            ]
-        )
-    )
-    build_s = time.perf_counter() - t0
+            on_rows(done, build.n_rows)
+    queries, truth = build.exact_answers()
+    recall, qps = _recall(build.index, queries, truth, spec.k)
     if min_recall is not None and recall < min_recall:
         raise QualityGateError(
             f"{dest}: recall@{spec.k} is {recall:.4f}, under --min-recall {min_recall} "
-            f"({spec.kind}, {describe_params(params)}); "
+            f"({spec.kind}, {describe_params(build.params)}); "
             "not written. Raise ef_search / nprobe, or build another kind"
         )
+    report = IndexReport(
+        index=str(dest), kind=spec.kind, metric=spec.metric, dim=build.dim or 0, vectors=build.added,
+        rows_failed=len(build.errors), params=build.params, recall=round(recall, 4), k=spec.k,
+        queries=len(queries), build_s=round(time.perf_counter() - t0, 3), queries_per_s=round(qps, 1),
+    )  # fmt: skip
+    _write(dest, build, pa.table({id_column: pa.concat_arrays(build.ids)}), report, _provenance(out, job, spec))
+    return report
 
-    # write: index, ids, errors, then the JSON that makes it whole (each atomically)
+
+def _indexable(output: str | Path) -> tuple[str, list[Part], dict[str, Any], str]:
+    """The finished output's location, parts, job and id column; refused when it has no id
+    column or no rows."""
+    out = normalise(output)
+    parts, job = finished_output(out)
+    id_column = job.get("config", {}).get("source", {}).get("id_column")
+    if not id_column:
+        raise SourceError(f"{out}: the run had no source.id_column; an index maps neighbours back to ids", out)
+    if sum(p.rows for p in parts) == 0:
+        raise SourceError(f"{out}: the output holds no rows to index", out)
+    return out, parts, job, id_column
+
+
+class _Build:
+    """One index being built. IVF-PQ keeps no full vectors: a first pass (:meth:`train`) samples
+    its training vectors and the queries, and the exact answer is kept in a heap while adding.
+    Flat and HNSW keep the vectors, so one pass adds them and picks the queries up; exact search
+    runs on the stored vectors."""
+
+    def __init__(self, spec: IndexSpec, out: str, n_rows: int) -> None:
+        self.faiss = load_faiss()
+        self.spec, self.out, self.n_rows = spec, out, n_rows
+        self.rng = np.random.default_rng(spec.seed)
+        self.n_queries = min(spec.queries, n_rows)
+        self.metric = self.faiss.METRIC_L2 if spec.metric == "l2" else self.faiss.METRIC_INNER_PRODUCT
+        self.index: Any = None
+        self.dim: int | None = None
+        self.params: dict[str, int] = {}
+        self.exact: Any = None
+        self.queries = np.zeros((0, 0), dtype=np.float32)
+        self.query_at: set[int] = set()
+        if spec.kind != "ivf-pq":  # else train() draws them from its sample
+            self.query_at = set(self.rng.choice(n_rows, size=self.n_queries, replace=False).tolist())
+        self.picked: list[np.ndarray] = []
+        self.ids: list[pa.Array] = []
+        self.errors: list[dict[str, Any]] = []
+        self.added = 0
+
+    def _no_vector(self) -> SourceError:
+        return SourceError(f"{self.out}: column {self.spec.column!r} holds no valid vector", self.out)
+
+    def _create(self, dim: int) -> None:
+        self.dim, self.params = dim, _params(self.spec, self.n_rows, dim)
+        self.index = _new_index(self.spec, dim, self.params)
+
+    def train(self, parts: list[Part]) -> None:
+        """IVF-PQ: train on a uniform sample of the output; its queries come from the same sample."""
+        spec, n_rows = self.spec, self.n_rows
+        n_train = min(n_rows, max(256 * 64, 40 * _nlist(spec, n_rows)))
+        wanted = np.sort(self.rng.choice(n_rows, size=max(n_train, self.n_queries), replace=False))
+        sample, dim = _gather(parts, spec.column, wanted)
+        if dim is None or not len(sample):
+            raise self._no_vector()
+        sample = _prepare(spec, sample)
+        self.queries = sample[self.rng.permutation(len(sample))[: self.n_queries]]
+        self._create(dim)
+        if (few := few_training_points(self.params, len(sample))) is not None:
+            log.warning("%s", few)
+        self.index.train(sample)
+        self.exact = self.faiss.ResultHeap(len(self.queries), spec.k, keep_max=spec.metric != "l2")
+
+    def add(self, part: Part, offset: int, batch: pa.RecordBatch, id_column: str) -> None:
+        """Add a batch's valid vectors (the others are error rows) and keep what recall needs."""
+        mat, keep, reasons = valid_vectors(batch.column(self.spec.column), self.dim)
+        self.errors += [{"file": part.name, "row": offset + i, "error": why} for i, why in enumerate(reasons) if why]
+        mat = _prepare(self.spec, mat)
+        if not len(mat):
+            return
+        if self.index is None:
+            self._create(mat.shape[1])
+        self.index.add(mat)
+        self.ids.append(batch.column(id_column).take(pa.array(keep)))
+        if self.exact is not None:
+            flat = self.faiss.IndexFlat(self.dim, self.metric)
+            flat.add(mat)
+            dist, lab = flat.search(self.queries, min(self.spec.k, len(mat)))
+            self.exact.add_result(dist, np.where(lab >= 0, lab + self.added, -1))
+        else:
+            first = part.first + offset
+            mine = [j for j, row in enumerate(keep.tolist()) if first + row in self.query_at]
+            if mine:
+                self.picked.append(mat[mine])
+        self.added += len(mat)
+
+    def exact_answers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The recall queries and their exact top-k (brute force over the stored vectors, or the heap)."""
+        if self.added == 0 or self.index is None or self.dim is None:
+            raise self._no_vector()
+        if self.exact is not None:
+            self.exact.finalize()
+            return self.queries, self.exact.I
+        index = self.index
+        queries = np.vstack(self.picked) if self.picked else index.reconstruct_n(0, min(self.n_queries, index.ntotal))
+        stored = index if self.spec.kind == "flat" else self.faiss.downcast_index(index.storage)
+        _, truth = stored.search(queries, self.spec.k)
+        return queries, truth
+
+
+def _recall(index: Any, queries: np.ndarray, truth: np.ndarray, k: int) -> tuple[float, float]:
+    """recall@k against exact search (of the true neighbours there are: an output of fewer
+    vectors than k has fewer than k of them), and the query rate."""
+    t_q = time.perf_counter()
+    _, found = index.search(queries, k)
+    qps = len(queries) / max(time.perf_counter() - t_q, 1e-9)
+    pairs = zip(found, truth, strict=True)
+    hits = [len(set(f[f >= 0]) & set(e[e >= 0])) / max(1, int((e >= 0).sum())) for f, e in pairs]
+    return float(np.mean(hits)), qps
+
+
+def _provenance(out: str, job: dict[str, Any], spec: IndexSpec) -> dict[str, Any]:
+    config = job.get("config", {})
+    model = config.get("model", {})
+    return {
+        "bulkinfer_index": 1,
+        "source": out,
+        "job_fingerprint": job.get("fingerprint"),
+        "model": {**job.get("model", {}), "digest": job.get("model_digest"), "name": model.get("name"),
+                  "text_column": model.get("text_column")},
+        "column": spec.column,
+        "id_column": config.get("source", {}).get("id_column"),
+    }  # fmt: skip
+
+
+def _write(dest: Path, build: _Build, ids: pa.Table, report: IndexReport, meta: dict[str, Any]) -> None:
+    """Write the index, its ids, its errors, then the JSON that makes it whole (each atomically)."""
     folder = dest.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -278,34 +327,20 @@ def build_index(
 
     temp = folder / f".{dest.name}.tmp-{os.getpid()}"  # streamed by Faiss: an index may be larger than memory twice
     try:
-        faiss.write_index(index, str(temp))
+        build.faiss.write_index(build.index, str(temp))
         os.replace(temp, dest)
     except (OSError, RuntimeError) as exc:
         temp.unlink(missing_ok=True)
         raise OutputError(f"{dest}: cannot write the index ({' '.join(str(exc).split())[:200]})") from exc
     ids_buffer = pa.BufferOutputStream()
-    pq.write_table(pa.table({id_column: pa.concat_arrays(ids)}), ids_buffer)
+    pq.write_table(ids, ids_buffer)
     save(f"{dest.name}.ids.parquet", ids_buffer.getvalue().to_pybytes(), "the index's ids")
-    if errors:
-        save(f"{dest.name}.errors.jsonl", "".join(json.dumps(e) + "\n" for e in errors).encode(), "its error rows")
-    report = IndexReport(
-        index=str(dest), kind=spec.kind, metric=spec.metric, dim=dim, vectors=added, rows_failed=len(errors),
-        params=params, recall=round(recall, 4), k=spec.k, queries=len(queries), build_s=round(build_s, 3),
-        index_bytes=dest.stat().st_size, queries_per_s=round(qps, 1),
-    )  # fmt: skip
-    model = config.get("model", {})
-    meta = {
-        "bulkinfer_index": 1,
-        "source": out,
-        "job_fingerprint": job.get("fingerprint"),
-        "model": {**job.get("model", {}), "digest": job.get("model_digest"), "name": model.get("name"),
-                  "text_column": model.get("text_column")},
-        "column": spec.column,
-        "id_column": id_column,
-        "report": asdict(report),
-    }  # fmt: skip
-    save(f"{dest.name}.json", json.dumps(meta, indent=1).encode(), "the index's provenance")
-    return report
+    if build.errors:
+        errors = "".join(json.dumps(e) + "\n" for e in build.errors).encode()
+        save(f"{dest.name}.errors.jsonl", errors, "its error rows")
+    report.index_bytes = dest.stat().st_size
+    whole = json.dumps({**meta, "report": asdict(report)}, indent=1).encode()
+    save(f"{dest.name}.json", whole, "the index's provenance")
 
 
 def _gather(parts: list[Part], column: str, positions: np.ndarray) -> tuple[np.ndarray, int | None]:
