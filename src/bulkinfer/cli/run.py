@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,117 +21,161 @@ from .common import (
     _stored_config,
 )
 
+# the flags of ``bulkinfer run`` (one per config field they set: _FIELDS)
+ConfigFlag = Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")]
+InputFlag = Annotated[
+    list[str] | None, typer.Option("--input", "-i", help="Input file, directory, glob or URI; repeatable.")
+]
+IdColumnFlag = Annotated[str | None, typer.Option(help="Row id column, copied to the output.")]
+KeepColumnsFlag = Annotated[list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")]
+OutputFlag = Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")]
+OutputFormatFlag = Annotated[
+    str | None, typer.Option("--format", help="Output format: parquet, jsonl, csv or openai-batch.")
+]
+InputFormatFlag = Annotated[
+    str | None,
+    typer.Option(help="Input format (default: from each file's extension; OpenAI batch files are detected)."),
+]
+InputEncodingFlag = Annotated[
+    str | None,
+    typer.Option(help="Text encoding of CSV/JSONL inputs (default: UTF-8 or a byte-order mark's; e.g. cp1252)."),
+]
+BatchSizeFlag = Annotated[int | None, typer.Option(help="Maximum rows per model call.")]
+ShardRowsFlag = Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")]
+LimitRowsFlag = Annotated[int | None, typer.Option(help="Only the first N rows.")]
+KFlag = Annotated[int | None, typer.Option("--k", help="kNN models (--model items.index): neighbours per row.")]
+PromptTemplateFlag = Annotated[
+    str | None, typer.Option(help='Generation models: each row\'s prompt, e.g. "Summarise: {text}".')
+]
+MaxNewTokensFlag = Annotated[int | None, typer.Option(help="Generation models: tokens per row at most.")]
+JsonSchemaFlag = Annotated[
+    str | None, typer.Option(help="Generation models: a JSON schema file every completion must satisfy.")
+]
+ExpandJsonFlag = Annotated[
+    bool, typer.Option("--expand-json", help="With --json-schema: the JSON's fields become typed columns.")
+]
+MaxCostFlag = Annotated[
+    float | None, typer.Option(help="Stop cleanly (exit 1) once the run's projected cost passes this.")
+]
+SetFlag = Annotated[list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")]
+OverwriteFlag = Annotated[bool, typer.Option("--overwrite", help="Discard a different job's output.")]
+RepairFlag = Annotated[bool, typer.Option("--repair", help="Rebuild a corrupt ledger from the files.")]
+RetryErrorsFlag = Annotated[
+    Path | None, typer.Option(help="Run again only the rows in OUTPUT/_errors/ (the job comes from OUTPUT).")
+]
+ProgressFlag = Annotated[str | None, typer.Option(help="auto, bar, log or none.")]
+BackendFlag = Annotated[str | None, typer.Option(help="local (this process), ray or spark.")]
+RayAddressFlag = Annotated[
+    str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
+]
+WorkersFlag = Annotated[int | None, typer.Option(help="Ray workers (default: as many as the cluster fits).")]
+BaselineFlag = Annotated[
+    str | None, typer.Option(help="An earlier output: compare this run's column statistics with it (drift).")
+]
+FailOnDriftFlag = Annotated[
+    bool, typer.Option("--fail-on-drift", help="Exit 1 after committing when a column drifted past max_psi.")
+]
+IncrementalFromFlag = Annotated[
+    str | None,
+    typer.Option(help="An earlier output of this job: unchanged rows take their results from it."),
+]
+DedupeFlag = Annotated[str | None, typer.Option(help="Infer identical inputs once: true, false or auto.")]
+
+_FIELDS = {
+    "input": "source.paths",
+    "model": "model.name",
+    "text_column": "model.text_column",
+    "feature_columns": "model.feature_columns",
+    "id_column": "source.id_column",
+    "keep_columns": "sink.keep_columns",
+    "output": "sink.path",
+    "output_format": "sink.format",
+    "batch_size": "runtime.batch_size",
+    "shard_rows": "source.shard_rows",
+    "limit_rows": "execution.limit_rows",
+    "k": "model.options.k",
+    "prompt_template": "model.prompt_template",
+    "max_new_tokens": "model.max_new_tokens",
+    "json_schema": "model.json_schema",
+    "expand_json": "model.expand_json",
+    "input_format": "source.format",
+    "input_encoding": "source.encoding",
+    "max_cost": "execution.max_cost",
+    "overwrite": "execution.overwrite",
+    "repair": "execution.repair",
+    "progress": "execution.progress",
+    "backend": "execution.backend",
+    "ray_address": "execution.ray_address",
+    "workers": "execution.workers",
+    "baseline": "monitor.baseline",
+    "fail_on_drift": "monitor.fail_on_drift",
+    "incremental_from": "source.previous",
+    "dedupe": "runtime.dedupe",
+}
+_COMMA_SEPARATED = {"feature_columns", "keep_columns"}
+
+
+def overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The config fields ``flags`` (the command's parameters by name) set; None for a flag not
+    given, a switch left off or an empty list, so that the TOML file's value stands."""
+    out: dict[str, Any] = {}
+    for name, field in _FIELDS.items():
+        value = flags[name]
+        if name in _COMMA_SEPARATED:
+            value = _split(value)
+        elif value is False or value == []:
+            value = None
+        out[field] = value
+    return out
+
 
 def run(
-    config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
-    input: Annotated[
-        list[str] | None, typer.Option("--input", "-i", help="Input file, directory, glob or URI; repeatable.")
-    ] = None,
+    config: ConfigFlag = None,
+    input: InputFlag = None,
     model: ModelOption = None,
     text_column: TextColumnOption = None,
     feature_columns: FeatureColumnsOption = None,
-    id_column: Annotated[str | None, typer.Option(help="Row id column, copied to the output.")] = None,
-    keep_columns: Annotated[
-        list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")
-    ] = None,
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")] = None,
-    output_format: Annotated[
-        str | None, typer.Option("--format", help="Output format: parquet, jsonl, csv or openai-batch.")
-    ] = None,
-    input_format: Annotated[
-        str | None,
-        typer.Option(help="Input format (default: from each file's extension; OpenAI batch files are detected)."),
-    ] = None,
-    input_encoding: Annotated[
-        str | None,
-        typer.Option(help="Text encoding of CSV/JSONL inputs (default: UTF-8 or a byte-order mark's; e.g. cp1252)."),
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Maximum rows per model call.")] = None,
-    shard_rows: Annotated[int | None, typer.Option(help="Rows per shard (the unit of commit).")] = None,
-    limit_rows: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
-    k: Annotated[int | None, typer.Option("--k", help="kNN models (--model items.index): neighbours per row.")] = None,
-    prompt_template: Annotated[
-        str | None, typer.Option(help='Generation models: each row\'s prompt, e.g. "Summarise: {text}".')
-    ] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Generation models: tokens per row at most.")] = None,
-    json_schema: Annotated[
-        str | None, typer.Option(help="Generation models: a JSON schema file every completion must satisfy.")
-    ] = None,
-    expand_json: Annotated[
-        bool, typer.Option("--expand-json", help="With --json-schema: the JSON's fields become typed columns.")
-    ] = False,
-    max_cost: Annotated[
-        float | None, typer.Option(help="Stop cleanly (exit 1) once the run's projected cost passes this.")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Any config field: --set runtime.batch_size=64.")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard a different job's output.")] = False,
-    repair: Annotated[bool, typer.Option("--repair", help="Rebuild a corrupt ledger from the files.")] = False,
-    retry_errors: Annotated[
-        Path | None, typer.Option(help="Run again only the rows in OUTPUT/_errors/ (the job comes from OUTPUT).")
-    ] = None,
-    progress: Annotated[str | None, typer.Option(help="auto, bar, log or none.")] = None,
-    backend: Annotated[str | None, typer.Option(help="local (this process), ray or spark.")] = None,
-    ray_address: Annotated[
-        str | None, typer.Option(help="Ray cluster to join: auto, ray://host:10001 or host:6379 (default: start one).")
-    ] = None,
-    workers: Annotated[int | None, typer.Option(help="Ray workers (default: as many as the cluster fits).")] = None,
-    baseline: Annotated[
-        str | None, typer.Option(help="An earlier output: compare this run's column statistics with it (drift).")
-    ] = None,
-    fail_on_drift: Annotated[
-        bool, typer.Option("--fail-on-drift", help="Exit 1 after committing when a column drifted past max_psi.")
-    ] = False,
-    incremental_from: Annotated[
-        str | None,
-        typer.Option(help="An earlier output of this job: unchanged rows take their results from it."),
-    ] = None,
-    dedupe: Annotated[str | None, typer.Option(help="Infer identical inputs once: true, false or auto.")] = None,
+    id_column: IdColumnFlag = None,
+    keep_columns: KeepColumnsFlag = None,
+    output: OutputFlag = None,
+    output_format: OutputFormatFlag = None,
+    input_format: InputFormatFlag = None,
+    input_encoding: InputEncodingFlag = None,
+    batch_size: BatchSizeFlag = None,
+    shard_rows: ShardRowsFlag = None,
+    limit_rows: LimitRowsFlag = None,
+    k: KFlag = None,
+    prompt_template: PromptTemplateFlag = None,
+    max_new_tokens: MaxNewTokensFlag = None,
+    json_schema: JsonSchemaFlag = None,
+    expand_json: ExpandJsonFlag = False,
+    max_cost: MaxCostFlag = None,
+    set_: SetFlag = None,
+    overwrite: OverwriteFlag = False,
+    repair: RepairFlag = False,
+    retry_errors: RetryErrorsFlag = None,
+    progress: ProgressFlag = None,
+    backend: BackendFlag = None,
+    ray_address: RayAddressFlag = None,
+    workers: WorkersFlag = None,
+    baseline: BaselineFlag = None,
+    fail_on_drift: FailOnDriftFlag = False,
+    incremental_from: IncrementalFromFlag = None,
+    dedupe: DedupeFlag = None,
     quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
     _prepare(quiet)
-    overrides: dict[str, Any] = {
-        "source.paths": input or None,
-        "model.name": model,
-        "model.text_column": text_column,
-        "model.feature_columns": _split(feature_columns),
-        "source.id_column": id_column,
-        "sink.keep_columns": _split(keep_columns),
-        "sink.path": output,
-        "sink.format": output_format,
-        "runtime.batch_size": batch_size,
-        "source.shard_rows": shard_rows,
-        "execution.limit_rows": limit_rows,
-        "model.options.k": k,
-        "model.prompt_template": prompt_template,
-        "model.max_new_tokens": max_new_tokens,
-        "model.json_schema": json_schema,
-        "model.expand_json": expand_json or None,
-        "source.format": input_format,
-        "source.encoding": input_encoding,
-        "execution.max_cost": max_cost,
-        "execution.overwrite": overwrite or None,
-        "execution.repair": repair or None,
-        "execution.progress": progress,
-        "execution.backend": backend,
-        "execution.ray_address": ray_address,
-        "execution.workers": workers,
-        "monitor.baseline": baseline,
-        "monitor.fail_on_drift": fail_on_drift or None,
-        "source.previous": incremental_from,
-        "runtime.dedupe": dedupe,
-    }
+    fields = overrides(locals())
     from ..job import run_job
 
     try:
         base = None
         if retry_errors is not None:
             base, inputs = _stored_config(retry_errors)
-            overrides["sink.path"] = str(retry_errors)
-            overrides["source.paths"] = overrides["source.paths"] or inputs
-        cfg = load_config(config, overrides, set_, base=base)
+            fields["sink.path"] = str(retry_errors)
+            fields["source.paths"] = fields["source.paths"] or inputs
+        cfg = load_config(config, fields, set_, base=base)
         result = run_job(cfg, retry_errors=retry_errors is not None)
     except Interrupted as exc:
         raise _fail(exc) from None
@@ -139,16 +184,18 @@ def run(
     except KeyboardInterrupt:
         typer.echo("bulkinfer: interrupted; rerun the same command to resume", err=True)
         raise typer.Exit(Interrupted.exit_code) from None
-    r = result.report
+    _summary(result.report, str(result.output))
+
+
+def _summary(r: Mapping[str, Any], output: str) -> None:
+    """The lines a finished run prints: rows, time shares, index, backend, cost."""
     typer.echo(
         f"done: {r['rows_out']} rows written this run ({r['rows_already_done']} already committed) in "
-        f"{r['wall_s']:.1f} s, {r['rows_per_s']:.1f} rows/s -> {result.output}"
+        f"{r['wall_s']:.1f} s, {r['rows_per_s']:.1f} rows/s -> {output}"
     )
     share = r["time_share"]
     typer.echo(
-        "time: "
-        + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
-        + f"; report: {result.output}/_bulkinfer/report.json"
+        "time: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items()) + f"; report: {output}/_bulkinfer/report.json"
     )
     if "index" in r:
         ix = r["index"]
