@@ -120,6 +120,34 @@ def _passthrough(job: Mapping[str, Any]) -> set[str]:
     return {c for c in [cfg.get("source", {}).get("id_column"), *cfg.get("sink", {}).get("keep_columns", [])] if c}
 
 
+@dataclass
+class _Side:
+    """One of the two outputs: where it is, its parts, its job and its part schema."""
+
+    where: str
+    parts: list[Part]
+    job: dict[str, Any]
+    schema: pa.Schema | None
+
+    @classmethod
+    def read(cls, output: str | Path) -> _Side:
+        where = normalise(output)
+        parts, job = finished_output(where, "compared")
+        return cls(where, parts, job, part_schema(parts))
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    def results(self, id_col: str) -> list[str]:
+        """The result columns (not the id, nor columns passed through from the input)."""
+        names = result_columns(self.schema.names if self.schema else [])
+        return [n for n in names if n not in _passthrough(self.job) | {id_col}]
+
+    def empty(self, cols: list[str]) -> pa.Schema | None:
+        return pa.schema([*(self.schema.field(c) for c in cols), pa.field(_H, pa.uint64())]) if self.schema else None
+
+
 def compare_outputs(
     old: str | Path,
     new: str | Path,
@@ -127,100 +155,39 @@ def compare_outputs(
     on_bucket: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Compare two finished outputs (see the module's docstring); returns every figure."""
-    a, b = normalise(old), normalise(new)
-    parts_a, job_a = finished_output(a, "compared")
-    parts_b, job_b = finished_output(b, "compared")
-    id_col = spec.id_column or job_a.get("config", {}).get("source", {}).get("id_column")
+    sa, sb = _Side.read(old), _Side.read(new)
+    a, b = sa.where, sb.where
+    id_col = spec.id_column or sa.job.get("config", {}).get("source", {}).get("id_column")
     if not id_col:
         raise SourceError(f"{a}: the run had no source.id_column; pass --id with the column both outputs share", a)
-    sa, sb = part_schema(parts_a), part_schema(parts_b)
-    names_a = [n for n in result_columns(sa.names if sa else []) if n not in _passthrough(job_a) | {id_col}]
-    names_b = [n for n in result_columns(sb.names if sb else []) if n not in _passthrough(job_b) | {id_col}]
+    names_a, names_b = sa.results(id_col), sb.results(id_col)
     shared = [n for n in names_a if n in names_b and (not spec.columns or n in spec.columns)]
     unknown = [c for c in spec.columns if c not in shared]
     if unknown:
         raise SourceError(f"--column {unknown[0]}: not an output column of both (shared: {', '.join(shared)})", a)
-    if sa is not None and sb is not None:
-        ta, tb = sa.field(id_col).type, sb.field(id_col).type
+    if sa.schema is not None and sb.schema is not None:
+        ta, tb = sa.schema.field(id_col).type, sb.schema.field(id_col).type
         if ta != tb:
             raise SourceError(f"{b}: id column {id_col!r} is {tb} there and {ta} in {a}; compare needs one id type", b)
-    rows_a, rows_b = sum(p.rows for p in parts_a), sum(p.rows for p in parts_b)
-    biggest = max(rows_a, rows_b, 1)
-    threshold = None
-    if spec.sample is not None and spec.sample < biggest:
-        threshold = int(spec.sample / biggest * 2**64)
-    expected = min(biggest, spec.sample or biggest)
-    buckets = max(1, math.ceil(expected / spec.bucket_rows))
-    kinds = {n: column_kind(sa.field(n).type) for n in shared} if sa else {}
+    biggest = max(sa.rows, sb.rows, 1)
+    threshold = int(spec.sample / biggest * 2**64) if spec.sample is not None and spec.sample < biggest else None
+    buckets = max(1, math.ceil(min(biggest, spec.sample or biggest) / spec.bucket_rows))
+    kinds = {n: column_kind(sa.schema.field(n).type) for n in shared} if sa.schema else {}
     compared = [n for n in shared if kinds[n] in ("vector", "label", "number")]
-    cols = [id_col, *compared]
-
-    with tempfile.TemporaryDirectory(prefix="bulkinfer-compare-") as tmp:
-        (Path(tmp) / "a").mkdir()
-        (Path(tmp) / "b").mkdir()
-        kept_a, paths_a = _partition(parts_a, cols, Path(tmp) / "a", buckets, threshold)
-        kept_b, paths_b = _partition(parts_b, cols, Path(tmp) / "b", buckets, threshold)
-        empty_a = pa.schema([*(sa.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sa else None
-        empty_b = pa.schema([*(sb.field(c) for c in cols), pa.field(_H, pa.uint64())]) if sb else None
-        acc: dict[str, Any] = {n: {"vector": Vectors, "label": Labels, "number": Numbers}[kinds[n]]() for n in compared}
-        joined = only_a = only_b = 0
-        for i, (ta, tb, n_only_a, n_only_b) in enumerate(_joined(paths_a, paths_b, empty_a, empty_b, id_col, a, b)):
-            only_a, only_b, joined = only_a + n_only_a, only_b + n_only_b, joined + ta.num_rows
-            h = ta.column(_H).to_numpy()
-            for n in compared:
-                if kinds[n] == "vector":
-                    acc[n].add(ta.column(n), tb.column(n), h, spec.queries)
-                else:
-                    acc[n].add(ta.column(n), tb.column(n))
-            if on_bucket:
-                on_bucket(i + 1, 2 * buckets)
-        overlaps = {
-            n: _overlap(acc[n], paths_a, paths_b, empty_a, empty_b, id_col, n, spec.k, a, b, on_bucket, buckets)
-            for n in compared
-            if kinds[n] == "vector"
-        }
-
-    failed_a, ids_a = _failed_ids(a)
-    failed_b, ids_b = _failed_ids(b)
-    columns: dict[str, Any] = {}
-    for n in compared:
-        if kinds[n] == "vector":
-            v: Vectors = acc[n]
-            fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
-            if v.cos is not None:
-                s = summary(v.cos)
-                q = s["quantiles"] or {}
-                fig["cosine"] = {
-                    "mean": s["mean"],
-                    "min": s["min"],
-                    "p1": q.get("p1"),
-                    "p5": q.get("p5"),
-                    "p50": q.get("p50"),
-                }
-            else:
-                fig["cosine"] = None
-                if v.dims and v.dims[0] != v.dims[1]:
-                    fig["cosine_note"] = f"dimensions differ ({v.dims[0]} vs {v.dims[1]}): no row-wise cosine"
-            fig.update(overlaps[n])
-            columns[n] = fig
-        else:
-            columns[n] = acc[n].figures()
+    pairing = _pair(sa, sb, id_col, {n: kinds[n] for n in compared}, spec, buckets, threshold, on_bucket)
+    (failed_a, ids_a), (failed_b, ids_b) = _failed_ids(a), _failed_ids(b)
     result: dict[str, Any] = {
         "old": a,
         "new": b,
         "id_column": id_col,
-        "rows_old": rows_a,
-        "rows_new": rows_b,
+        "rows_old": sa.rows,
+        "rows_new": sb.rows,
         "sample": spec.sample if threshold is not None else None,
-        "rows_sampled_old": kept_a,
-        "rows_sampled_new": kept_b,
-        "rows_compared": joined,
-        "only_in_old": only_a,
-        "only_in_new": only_b,
+        **pairing.counts,
         "failed_old": failed_a,
         "failed_new": failed_b,
         "newly_failed": len(ids_b - ids_a) if ids_b else 0,
-        "columns": columns,
+        "columns": pairing.figures(),
         "not_compared": {
             **{n: f"{kinds[n]} column: not compared" for n in shared if n not in compared},
             **{n: "only in OLD" for n in names_a if n not in names_b},
@@ -229,6 +196,80 @@ def compare_outputs(
     }
     result["figures"] = figures(result)
     return result
+
+
+@dataclass
+class _Paired:
+    """What pairing the rows by id gathered: the row counts and each compared column's figures."""
+
+    counts: dict[str, int]
+    acc: dict[str, Any]
+    overlaps: dict[str, dict[str, Any]]
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            n: _vector_figures(acc, self.overlaps[n]) if isinstance(acc, Vectors) else acc.figures()
+            for n, acc in self.acc.items()
+        }
+
+
+def _pair(
+    sa: _Side,
+    sb: _Side,
+    id_col: str,
+    kinds: dict[str, str],
+    spec: CompareSpec,
+    buckets: int,
+    threshold: int | None,
+    on_bucket: Callable[[int, int], None] | None,
+) -> _Paired:
+    """Both outputs partitioned by id hash into ``buckets`` on disk, joined bucket by bucket, each
+    compared column (``kinds``: vector, label or number) accumulated; the vectors' neighbour
+    overlap in a second pass."""
+    a, b, cols = sa.where, sb.where, [id_col, *kinds]
+    with tempfile.TemporaryDirectory(prefix="bulkinfer-compare-") as tmp:
+        (Path(tmp) / "a").mkdir()
+        (Path(tmp) / "b").mkdir()
+        kept_a, paths_a = _partition(sa.parts, cols, Path(tmp) / "a", buckets, threshold)
+        kept_b, paths_b = _partition(sb.parts, cols, Path(tmp) / "b", buckets, threshold)
+        empty_a, empty_b = sa.empty(cols), sb.empty(cols)
+        acc: dict[str, Any] = {
+            n: {"vector": Vectors, "label": Labels, "number": Numbers}[k]() for n, k in kinds.items()
+        }
+        joined = only_a = only_b = 0
+        for i, (ta, tb, n_only_a, n_only_b) in enumerate(_joined(paths_a, paths_b, empty_a, empty_b, id_col, a, b)):
+            only_a, only_b, joined = only_a + n_only_a, only_b + n_only_b, joined + ta.num_rows
+            h = ta.column(_H).to_numpy()
+            for n, k in kinds.items():
+                if k == "vector":
+                    acc[n].add(ta.column(n), tb.column(n), h, spec.queries)
+                else:
+                    acc[n].add(ta.column(n), tb.column(n))
+            if on_bucket:
+                on_bucket(i + 1, 2 * buckets)
+        overlaps = {
+            n: _overlap(acc[n], paths_a, paths_b, empty_a, empty_b, id_col, n, spec.k, a, b, on_bucket, buckets)
+            for n, k in kinds.items()
+            if k == "vector"
+        }
+    counts = {"rows_sampled_old": kept_a, "rows_sampled_new": kept_b, "rows_compared": joined,
+              "only_in_old": only_a, "only_in_new": only_b}  # fmt: skip
+    return _Paired(counts, acc, overlaps)
+
+
+def _vector_figures(v: Vectors, overlap: dict[str, Any]) -> dict[str, Any]:
+    """A vector column's figures: the row-wise cosine's quantiles (when the dimensions agree) and
+    the neighbour overlap."""
+    fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
+    if v.cos is not None:
+        s = summary(v.cos)
+        q = s["quantiles"] or {}
+        fig["cosine"] = {"mean": s["mean"], "min": s["min"], "p1": q.get("p1"), "p5": q.get("p5"), "p50": q.get("p50")}
+    else:
+        fig["cosine"] = None
+        if v.dims and v.dims[0] != v.dims[1]:
+            fig["cosine_note"] = f"dimensions differ ({v.dims[0]} vs {v.dims[1]}): no row-wise cosine"
+    return {**fig, **overlap}
 
 
 def _joined(

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..adapters import GPU_BATCH_SIZES, SetupContext, build_adapter, resolve_model
+from ..adapters import GPU_BATCH_SIZES, Adapter, ResolvedModel, SetupContext, build_adapter, resolve_model
 from ..config import JobConfig
 from ..config.load import toml_value
 from ..core.errors import BulkinferError, ConfigError, QualityGateError
@@ -34,6 +34,9 @@ from ..engines import choose_engine, default_cache_dir
 from ..sinks import write_bytes
 from ..sources import Shard, list_inputs, plan_shards
 from .gate import partial_int8, quality_gate, run_adapter, sample_rows, searchable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("bulkinfer")
 
@@ -158,74 +161,100 @@ def tune(
         raise ConfigError(f"tune: measures text, picture, tabular and custom models; this one is {model.kind}")
     from ..core.hardware import emulated
 
-    result = TuneResult()
-    sample = None
+    tuning = _Tuning(cfg, model, shards, sample_size, batch_sizes, on_candidate, int8_search)
     for engine, precision in precisions:
         if emulated(cfg.runtime.device, precision):  # slower than fp32 by construction: not worth the minutes
-            c = Candidate(engine, precision, 0, available_cpus(), passed=False, note="emulated here: not measured")
-            result.candidates.append(c)
-            on_candidate(c)
+            tuning.found(
+                Candidate(engine, precision, 0, available_cpus(), passed=False, note="emulated here: not measured")
+            )
             continue
         for threads in _thread_options(cfg.runtime.device):
-            rt = cfg.runtime.model_copy(
-                update={"engine": engine, "precision": precision, "threads": threads, "batch_size": 16}
-            )
-            trial = cfg.model_copy(update={"runtime": rt})
+            tuning.measure(engine, precision, threads)
+    return _choose(cfg, model.digest, tuning.result)
+
+
+class _Tuning:
+    """One ``tune`` run over a text or picture model: each engine, precision and thread count
+    built, gated against fp32 and timed at every batch size."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        model: ResolvedModel,
+        shards: Sequence[Shard],
+        sample_size: int,
+        batch_sizes: tuple[int, ...],
+        on_candidate: Callable[[Candidate], None],
+        int8_search: bool,
+    ) -> None:
+        self.cfg, self.model, self.shards, self.sample_size = cfg, model, shards, sample_size
+        self.batch_sizes, self.on_candidate, self.int8_search = batch_sizes, on_candidate, int8_search
+        self.result = TuneResult()
+        self.sample: pa.Table | None = None
+
+    def found(self, c: Candidate) -> None:
+        self.result.candidates.append(c)
+        self.on_candidate(c)
+
+    def measure(self, engine: str, precision: str, threads: int) -> None:
+        rt = self.cfg.runtime.model_copy(
+            update={"engine": engine, "precision": precision, "threads": threads, "batch_size": 16}
+        )
+        trial = self.cfg.model_copy(update={"runtime": rt})
+        try:
+            adapter = build_adapter(trial, self.model)
+            adapter.setup(SetupContext(threads=threads, device=rt.device))
+        except BulkinferError as exc:
+            self.found(Candidate(engine, precision, 0, threads, passed=False, note=str(exc)[:80]))
+            return
+        if self.sample is None:
+            self.sample = sample_rows(self.shards, list(adapter.input_columns), self.sample_size)
+            self.result.sample_rows = self.sample.num_rows
+        sample = self.sample
+        quality, passed, note = self._gate(adapter, trial, sample) if precision != "fp32" else (None, True, "")
+        kept = getattr(adapter, "int8_fp32_groups", None) if precision == "int8" else None
+        groups = list(kept) if kept else None
+        if groups:
+            note = f"{len(groups)} block(s) in fp32: {', '.join(groups)}"
+        for bs in self.batch_sizes:
+            c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note,
+                          int8_fp32_groups=groups)  # fmt: skip
+            if passed:
+                # warm-up: the whole sample once at this batch size, so every shape the timed pass
+                # meets was seen (torch builds its kernels per shape: one warm batch left the first
+                # sizes measured cold, their figures rising with the order they were measured in)
+                run_adapter(adapter, sample, bs)
+                t0 = time.perf_counter()
+                run_adapter(adapter, sample, bs)
+                c.rows_per_s = round(sample.num_rows / (time.perf_counter() - t0), 1)
+            self.found(c)
+        adapter.close()
+
+    def _gate(self, adapter: Adapter, trial: JobConfig, sample: pa.Table) -> tuple[dict[str, Any] | None, bool, str]:
+        """The lowered precision against fp32 (the quality figures, passed, a note); an int8 that
+        fails is searched for the fewest blocks in fp32 that pass, as the job's gate would."""
+        rt = trial.runtime
+        ref_engine = "torch" if rt.device.startswith("cuda") else "onnxruntime"  # no ORT CUDA needed
+        ref_cfg = self.cfg.model_copy(
+            update={"runtime": rt.model_copy(update={"precision": "fp32", "engine": ref_engine})}
+        )
+        reference = build_adapter(ref_cfg, self.model)
+        try:
+            quality = quality_gate(adapter, reference, sample, batch_size=16, floor=rt.quality_floor,
+                                   precision=rt.precision, threads=rt.threads or available_cpus())  # fmt: skip
+            return quality, True, ""
+        except QualityGateError as exc:
+            if not (self.int8_search and searchable(trial, adapter)):
+                return dict(exc.figures), False, "below the quality floor"
             try:
-                adapter = build_adapter(trial, model)
-                adapter.setup(SetupContext(threads=threads, device=rt.device))
-            except BulkinferError as exc:
-                c = Candidate(engine, precision, 0, threads, passed=False, note=str(exc)[:80])
-                result.candidates.append(c)
-                on_candidate(c)
-                continue
-            if sample is None:
-                sample = sample_rows(shards, list(adapter.input_columns), sample_size)
-                result.sample_rows = sample.num_rows
-            quality = None
-            passed, note = True, ""
-            if precision != "fp32":
-                ref_engine = "torch" if rt.device.startswith("cuda") else "onnxruntime"  # no ORT CUDA needed
-                ref_rt = rt.model_copy(update={"precision": "fp32", "engine": ref_engine})
-                ref_cfg = cfg.model_copy(update={"runtime": ref_rt})
-                reference = build_adapter(ref_cfg, model)
-                try:
-                    quality = quality_gate(
-                        adapter,
-                        reference,
-                        sample,
-                        batch_size=16,
-                        floor=rt.quality_floor,
-                        precision=precision,
-                        threads=threads,
-                    )
-                except QualityGateError as exc:
-                    passed, note, quality = False, "below the quality floor", dict(exc.figures)
-                    if int8_search and searchable(trial, adapter):
-                        try:  # the fewest blocks in fp32 that pass, as the job's gate would find them
-                            quality = partial_int8(adapter, build_adapter(ref_cfg, model), sample, trial,
-                                                   model.digest, exc)  # fmt: skip
-                            passed, note = True, ""
-                        except QualityGateError as none:
-                            quality, note = dict(none.figures), "below the floor even with blocks in fp32"
-            kept = getattr(adapter, "int8_fp32_groups", None) if precision == "int8" else None
-            groups = list(kept) if kept else None
-            if groups:
-                note = f"{len(groups)} block(s) in fp32: {', '.join(groups)}"
-            for bs in batch_sizes:
-                c = Candidate(engine, precision, bs, threads, quality=quality, passed=passed, note=note,
-                              int8_fp32_groups=groups)  # fmt: skip
-                if passed:
-                    # warm-up: the whole sample once at this batch size, so every shape the timed pass
-                    # meets was seen (torch builds its kernels per shape: one warm batch left the first
-                    # sizes measured cold, their figures rising with the order they were measured in)
-                    run_adapter(adapter, sample, bs)
-                    t0 = time.perf_counter()
-                    run_adapter(adapter, sample, bs)
-                    c.rows_per_s = round(sample.num_rows / (time.perf_counter() - t0), 1)
-                result.candidates.append(c)
-                on_candidate(c)
-            adapter.close()
+                fixed = build_adapter(ref_cfg, self.model)
+                return partial_int8(adapter, fixed, sample, trial, self.model.digest, exc), True, ""
+            except QualityGateError as none:
+                return dict(none.figures), False, "below the floor even with blocks in fp32"
+
+
+def _choose(cfg: JobConfig, digest: str, result: TuneResult) -> TuneResult:
+    """The fastest passing candidate becomes the tuned config, saved for ``precision = "auto"``."""
     passing = [c for c in result.candidates if c.passed and c.rows_per_s]
     if not passing:
         raise ConfigError("tune: no candidate passed; check the model and runtime.quality_floor")
@@ -241,7 +270,7 @@ def tune(
         }
     )
     result.config = cfg.model_copy(update={"runtime": rt})
-    _save(results_path(cfg, model.digest), result)
+    _save(results_path(cfg, digest), result)
     return result
 
 

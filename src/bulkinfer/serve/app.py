@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from starlette.applications import Starlette
@@ -32,9 +32,6 @@ from ..llm.openai_api import CHAT, COMPLETIONS
 from . import openai
 from .generation import generate
 from .images import image_table
-
-if TYPE_CHECKING:
-    pass
 from .server import Server
 from .validation import ApiError, JSONResponse, live_inputs, read_body
 
@@ -52,11 +49,15 @@ async def _request_table(server: Server, request: Request) -> pa.Table:
     return server.check_rows(body.get("rows") if isinstance(body, dict) else None)
 
 
-def build_app(cfg: JobConfig) -> Starlette:
-    """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
-    server = Server(cfg)
+class _Routes:
+    """The online routes over one :class:`Server` (``/v1/files`` and ``/v1/batches`` are
+    :class:`.batch_routes.BatchRoutes`)."""
 
-    async def predict(request: Request) -> Response:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def predict(self, request: Request) -> Response:
+        server = self.server
         if server.model.kind == "generate":
             raise ApiError(404, f"a generation model answers POST {CHAT} and {COMPLETIONS}", "not_found")
         table = await _request_table(server, request)
@@ -66,8 +67,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         answered = server.answer_rows(table, answer.columns)
         return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
 
-    async def results(request: Request) -> Response:
-        index = server.results
+    async def results(self, request: Request) -> Response:
+        server, index = self.server, self.server.results
         if index is None:
             raise ApiError(404, "no precomputed results here: start the server with serve.results = OUT/", "not_found")
         key = request.path_params["id"]
@@ -85,31 +86,33 @@ def build_app(cfg: JobConfig) -> Starlette:
         answer = await server.infer(table)
         return JSONResponse({"id": key, "answered_by": "live", "row": server.answer_rows(table, answer.columns)[0]})
 
-    async def embeddings(request: Request) -> Response:
-        return await openai.embeddings(server, request)
+    async def embeddings(self, request: Request) -> Response:
+        return await openai.embeddings(self.server, request)
 
-    async def chat_completions(request: Request) -> Response:
-        return await generate(server, request, CHAT)
+    async def chat_completions(self, request: Request) -> Response:
+        return await generate(self.server, request, CHAT)
 
-    async def completions(request: Request) -> Response:
-        return await generate(server, request, COMPLETIONS)
+    async def completions(self, request: Request) -> Response:
+        return await generate(self.server, request, COMPLETIONS)
 
-    async def search_route(request: Request) -> Response:
+    async def search(self, request: Request) -> Response:
         from .search import search
 
-        return await search(server, request)
+        return await search(self.server, request)
 
-    async def healthz(_request: Request) -> Response:
+    async def healthz(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def readyz(_request: Request) -> Response:
+    async def readyz(self, _request: Request) -> Response:
+        server = self.server
         if server.batcher is not None:
             return JSONResponse({"status": "ready", "model": server.name})
         if server.setup_error:
             return ApiError(503, f"model set-up failed: {server.setup_error}", "unavailable").response()
         return ApiError(503, "the model is still loading", "unavailable", {"Retry-After": "1"}).response()
 
-    async def metrics(_request: Request) -> Response:
+    async def metrics(self, _request: Request) -> Response:
+        server = self.server
         if server.batcher is not None:
             server.metrics.queue_rows.set(server.batcher.queued_rows)
         if server.batches is not None:
@@ -117,32 +120,34 @@ def build_app(cfg: JobConfig) -> Starlette:
         body, content_type = server.metrics.render()
         return Response(body, media_type=content_type)
 
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return exc.response()
 
-    async def on_error(request: Request, exc: Exception) -> Response:
-        log.error("unexpected error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
-        return ApiError(500, "internal error (see the server log)", "internal_error").response()
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
 
-    @asynccontextmanager
-    async def lifespan(_app: Starlette) -> Any:
-        server.start()
-        yield
-        await asyncio.to_thread(server.close)
 
-    def guarded(endpoint: str, handler: Any) -> Any:
-        """The API key checked first; errors answered as JSON; every request timed and counted."""
+async def _on_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
+    return ApiError(500, "internal error (see the server log)", "internal_error").response()
 
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _guard(server: Server) -> Callable[[str, Handler], Handler]:
+    """Wraps a route: the API key checked first; errors answered as JSON; every request timed
+    and counted (``/metrics``, the audit log)."""
+
+    def guarded(endpoint: str, handler: Handler) -> Handler:
         async def wrapped(request: Request) -> Response:
             t0 = time.perf_counter()
             try:
                 server.keys.authorize(request)
-                response: Response = await handler(request)
+                response = await handler(request)
             except ApiError as exc:
                 response = exc.response()
             except Exception as exc:
-                response = await on_error(request, exc)
+                response = await _on_error(request, exc)
             elapsed = time.perf_counter() - t0
             server.metrics.observe_request(endpoint, response.status_code, elapsed)
             server.audit.record(request, endpoint, response.status_code, elapsed)
@@ -150,25 +155,40 @@ def build_app(cfg: JobConfig) -> Starlette:
 
         return wrapped
 
+    return guarded
+
+
+def build_app(cfg: JobConfig) -> Starlette:
+    """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
+    server = Server(cfg)
+    r, guarded = _Routes(server), _guard(server)
     routes = [
-        Route("/v1/predict", guarded("predict", predict), methods=["POST"]),
-        Route("/v1/embeddings", guarded("embeddings", embeddings), methods=["POST"]),
-        Route(CHAT, guarded("chat", chat_completions), methods=["POST"]),
-        Route(COMPLETIONS, guarded("completions", completions), methods=["POST"]),
-        Route("/v1/results/{id:path}", guarded("results", results), methods=["GET"]),
-        Route("/v1/search", guarded("search", search_route), methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/predict", guarded("predict", r.predict), methods=["POST"]),
+        Route("/v1/embeddings", guarded("embeddings", r.embeddings), methods=["POST"]),
+        Route(CHAT, guarded("chat", r.chat_completions), methods=["POST"]),
+        Route(COMPLETIONS, guarded("completions", r.completions), methods=["POST"]),
+        Route("/v1/results/{id:path}", guarded("results", r.results), methods=["GET"]),
+        Route("/v1/search", guarded("search", r.search), methods=["POST"]),
+        Route("/healthz", r.healthz, methods=["GET"]),
+        Route("/readyz", r.readyz, methods=["GET"]),
+        Route("/metrics", r.metrics, methods=["GET"]),
     ]
     if server.batches is not None:
         routes += _batch_routes(server, guarded)
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ApiError: on_api_error, Exception: on_error})
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        server.start()
+        yield
+        await asyncio.to_thread(server.close)
+
+    handlers = {ApiError: _on_api_error, Exception: _on_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.server = server
     return app
 
 
-def _batch_routes(server: Server, guarded: Any) -> list[Route]:
+def _batch_routes(server: Server, guarded: Callable[[str, Handler], Handler]) -> list[Route]:
     """``/v1/files`` and ``/v1/batches`` (serve.batches)."""
     from .batch_routes import BatchRoutes
 
