@@ -164,14 +164,7 @@ def _run_job(
             for target in every_target:
                 target.close()
             sink.complete() if status == "complete" else sink.failed()
-            stats.finished = stats.finished or time.perf_counter()
-            if baseline is not None and status == "complete":
-                stats.drift = drift_against(baseline, stats, job.cfg)
-            engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
-            report = write_report(
-                job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine, _bytes(ledger),
-                runs_on=getattr(job.adapter, "runs_on", None),
-            )  # fmt: skip
+            report = _report(job, ledger, plan, stats, status, baseline)
             if status == "interrupted":
                 lineage.abort(report)
             elif status == "failed":
@@ -179,6 +172,27 @@ def _run_job(
         if done:
             finish(job.cfg, cfg.source.previous, plan, ledger, report)
             lineage.complete(report, stats.output.schema)
+    _after(job, stats, report, sink.out_dir, done)
+    return RunResult(sink.out_dir, status, report)
+
+
+def _report(
+    job: Prepared, ledger: OutputLedger, plan: JobPlan, stats: RunStats, status: str, baseline: Any
+) -> dict[str, Any]:
+    """The run's ``report.json`` (written whatever happened), with drift against the baseline
+    when the run completed."""
+    stats.finished = stats.finished or time.perf_counter()
+    if baseline is not None and status == "complete":
+        stats.drift = drift_against(baseline, stats, job.cfg)
+    engine = getattr(job.adapter, "engine_name", job.cfg.runtime.engine)
+    return write_report(
+        job.cfg, ledger, stats, status, plan.fingerprint, plan.model_kind, engine, _bytes(ledger),
+        runs_on=getattr(job.adapter, "runs_on", None),
+    )  # fmt: skip
+
+
+def _after(job: Prepared, stats: RunStats, report: dict[str, Any], out_dir: Any, done: bool) -> None:
+    """What follows a committed run: the truncation warning, the job's index, the drift check."""
     if stats.rows_truncated:
         limit = getattr(getattr(job.adapter, "inner", job.adapter), "max_seq_length", None)
         log.warning(
@@ -187,13 +201,12 @@ def _run_job(
             stats.rows_truncated, limit, limit,
         )  # fmt: skip
     if done and job.cfg.index.output:
-        report["index"] = build_job_index(job.cfg, sink.out_dir)
+        report["index"] = build_job_index(job.cfg, out_dir)
     if stats.drift and stats.drift["status"] == "drift" and job.cfg.monitor.fail_on_drift:
         raise CheckFailed(
-            f"{sink.out_dir}: drift against {job.cfg.monitor.baseline}: {drift_line(stats.drift)}; "
+            f"{out_dir}: drift against {job.cfg.monitor.baseline}: {drift_line(stats.drift)}; "
             "the output is committed and kept (see _bulkinfer/report.json)"
         )
-    return RunResult(sink.out_dir, status, report)
 
 
 def _bytes(ledger: OutputLedger) -> int:
@@ -311,39 +324,17 @@ def execute(
     failed_before = left.failed_rows + len(plan.input_errors)
     exports, route_targets = exports or [], route_targets or {}
     routes = compile_routes(cfg)
-    committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports)
-    committer.routes, committer.route_targets = routes, route_targets
-    committer.stamp = stamp = part_stamp(cfg, job.model, plan)
-    backend = cfg.execution.backend
+    committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports, routes=routes,
+                          route_targets=route_targets, stamp=part_stamp(cfg, job.model, plan))  # fmt: skip
     if retry_errors:
-        units = retry_units(ledger, plan.shards, ledger.commits())
-        log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
-        stats.rows_planned = stats.rows_already_done = 0
-        passes: list[Pass] = [
-            (
-                [u.shard],
-                RetryCommitter(
-                    ledger,
-                    sink,
-                    stats,
-                    u,
-                    exports,
-                    routes=routes,
-                    route_targets=route_targets,
-                    stamp=stamp,
-                ),
-                u.rows,
-            )
-            for u in units
-        ]
-        backend = "local"  # the rows of a few error files: not worth a cluster
+        passes, backend = _retry_passes(ledger, sink, stats, plan, committer), "local"  # a few files: no cluster
     elif committer.failed_before > committer.budget:
         raise ErrorBudgetExceeded(
             f"{committer.failed_before} rows already failed, over the error budget of {committer.budget}; "
             f"see {ledger.errors_dir}/, fix the cause or raise execution.max_error_rate, then rerun"
         )
     else:
-        passes = [(left.todo, committer, None)] if left.todo else []
+        passes, backend = ([(left.todo, committer, None)] if left.todo else []), cfg.execution.backend
     if passes and stop.is_set():  # stopped while planning or starting: nothing is in flight
         raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
@@ -367,6 +358,19 @@ def execute(
         finally:
             runner.close()
     return not remaining_work(plan.shards, ledger.iter_commits())
+
+
+def _retry_passes(ledger: OutputLedger, sink: Sink, stats: RunStats, plan: JobPlan, committer: Committer) -> list[Pass]:
+    """--retry-errors: one pass per error file, its failed rows only, committed by a
+    :class:`RetryCommitter` with the job's exports, routes and part stamp."""
+    units = retry_units(ledger, plan.shards, ledger.commits())
+    log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
+    stats.rows_planned = stats.rows_already_done = 0
+    return [
+        ([u.shard], RetryCommitter(ledger, sink, stats, u, committer.exports, routes=committer.routes,
+                                   route_targets=committer.route_targets, stamp=committer.stamp), u.rows)
+        for u in units
+    ]  # fmt: skip
 
 
 def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:

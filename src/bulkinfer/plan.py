@@ -181,6 +181,24 @@ class JobPlan:
         )
 
 
+_IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
+    # the snapshot of a Delta or Iceberg source
+    "source.version": (None,),
+    "source.snapshot_id": (None,),
+    "source.as_of": (None,),
+    "source.catalog": (None, "", {}),
+    "runtime.int8_fp32_groups": (None,),
+    "source.decode": ("exact",),  # pictures decoded smaller: other answers
+    "source.encoding": ("auto",),
+    # what an incremental run reuses, and the output's shape
+    "source.previous": (None, ""),
+    "sink.input_hash": (None, False),
+    "sink.mode": ("snapshot",),
+}
+"""Settings in a job's identity only when set away from their defaults, so that the identity
+(and the fingerprint) of a job that does not use them stays what it was before they existed."""
+
+
 def job_identity(cfg: JobConfig) -> dict[str, Any]:
     dumped = cfg.model_dump(mode="json")
     identity = {f"{sec}.{k}": dumped[sec][k] for sec, keys in _IDENTITY_FIELDS.items() for k in keys}
@@ -193,24 +211,11 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
         identity.update({f"model.{k}": dumped["model"][k] for k in generation})
         later = ("messages", "chat_template", "json_schema", "expand_json", "ignore_eos", "served_name")
         identity.update({f"model.{k}": dumped["model"][k] for k in later if dumped["model"][k]})  # absent at defaults
-    # what an incremental run reuses, and the output's shape (absent at their defaults)
-    for key in ("version", "snapshot_id", "as_of"):  # the snapshot of a Delta or Iceberg source
-        if dumped["source"][key] is not None:
-            identity[f"source.{key}"] = dumped["source"][key]
-    if dumped["runtime"]["int8_fp32_groups"] is not None:
-        identity["runtime.int8_fp32_groups"] = dumped["runtime"]["int8_fp32_groups"]
-    if dumped["source"]["catalog"]:
-        identity["source.catalog"] = dumped["source"]["catalog"]
-    if dumped["source"]["decode"] != "exact":  # pictures decoded smaller: other answers
-        identity["source.decode"] = dumped["source"]["decode"]
-    if dumped["source"]["encoding"] != "auto":
-        identity["source.encoding"] = dumped["source"]["encoding"]
-    if dumped["source"]["previous"]:
-        identity["source.previous"] = dumped["source"]["previous"]
-    if dumped["sink"]["input_hash"]:
-        identity["sink.input_hash"] = True
-    if dumped["sink"]["mode"] != "snapshot":
-        identity["sink.mode"] = dumped["sink"]["mode"]
+    for name, defaults in _IDENTITY_UNLESS_DEFAULT.items():
+        section, _, key = name.partition(".")
+        value = dumped[section][key]
+        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+            identity[name] = value
     return identity
 
 

@@ -127,32 +127,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     if cfg.runtime.precision == "auto":
         raise ConfigError('runtime.precision = "auto" was not resolved; run the job through run_job')
     if model.kind == "text-embedding":
-        from ..engines import choose_engine
-        from .text import TextEmbeddingAdapter
-
-        requests = cfg.source.format == "openai-batch"
-        if not m.text_column and not requests:
-            raise ConfigError("model.text_column: a text model needs the column to embed; pass --text-column")
-        adapter = TextEmbeddingAdapter(
-            model.location,
-            m.text_column or "input",
-            engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device, cfg.runtime.tensorrt),
-            precision=cfg.runtime.precision,
-            max_seq_length=m.max_seq_length,
-            model_digest=model.digest,
-            cache_dir=cfg.runtime.cache_dir,
-            int8_fp32_groups=_int8_groups(cfg, model),
-            tensorrt_rows=_tensorrt_rows(cfg.runtime),
-            # over the token limit: a table's row is cut (counted) unless refused; a request is refused unless allowed
-            refuse_overflow=m.truncate is False or (m.truncate is None and requests),
-        )
-        if cfg.runtime.device.startswith("cuda"):
-            adapter.batch_size_hint = GPU_TEXT_BATCH  # a GPU idles on 16-row calls; tune measures 64..1024
-        if requests:
-            from .embed_requests import EmbeddingRequests
-
-            return EmbeddingRequests(adapter, served_names(cfg, model))
-        return adapter
+        return _text_adapter(cfg, model)
     if model.kind == "remote-batch":
         from .remote_batch import RemoteRequests
 
@@ -163,18 +138,7 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 
         return KnnAdapter(model.location, cfg)
     if model.kind == "generate":
-        from .generate import GenerateAdapter
-
-        requests = cfg.source.format == "openai-batch"
-        if cfg.runtime.engine == "vllm":
-            from .vllm_generate import VllmGenerateAdapter
-
-            return VllmGenerateAdapter(model.location, m, requests=requests)
-        if cfg.runtime.engine in ("onnxruntime", "openvino"):
-            raise ConfigError("runtime.engine: generation models run on transformers (auto) or vllm")
-        if cfg.runtime.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError("runtime.precision: generation models run in fp32, bf16 or fp16 (int8 is for embeddings)")
-        return GenerateAdapter(model.location, m, requests=requests, precision=cfg.runtime.precision)
+        return _generate_adapter(cfg, model)
     if cfg.source.format == "openai-batch":
         raise ConfigError(
             f"source.format: an OpenAI batch file needs a generation or text-embedding model, not a {model.kind} one"
@@ -188,6 +152,59 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
             f"runtime.precision: {cfg.runtime.precision} applies to text and picture models; "
             "tabular and custom models run as they are"
         )
+    return _tabular_adapter(cfg, model)
+
+
+def _text_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+    """A text embedding model over a column, or over OpenAI embedding requests (a batch file)."""
+    from ..engines import choose_engine
+    from .text import TextEmbeddingAdapter
+
+    m = cfg.model
+    requests = cfg.source.format == "openai-batch"
+    if not m.text_column and not requests:
+        raise ConfigError("model.text_column: a text model needs the column to embed; pass --text-column")
+    adapter = TextEmbeddingAdapter(
+        model.location,
+        m.text_column or "input",
+        engine=choose_engine(cfg.runtime.engine, cfg.runtime.precision, cfg.runtime.device, cfg.runtime.tensorrt),
+        precision=cfg.runtime.precision,
+        max_seq_length=m.max_seq_length,
+        model_digest=model.digest,
+        cache_dir=cfg.runtime.cache_dir,
+        int8_fp32_groups=_int8_groups(cfg, model),
+        tensorrt_rows=_tensorrt_rows(cfg.runtime),
+        # over the token limit: a table's row is cut (counted) unless refused; a request is refused unless allowed
+        refuse_overflow=m.truncate is False or (m.truncate is None and requests),
+    )
+    if cfg.runtime.device.startswith("cuda"):
+        adapter.batch_size_hint = GPU_TEXT_BATCH  # a GPU idles on 16-row calls; tune measures 64..1024
+    if requests:
+        from .embed_requests import EmbeddingRequests
+
+        return EmbeddingRequests(adapter, served_names(cfg, model))
+    return adapter
+
+
+def _generate_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+    """A generation model on transformers or vLLM; the engines and precisions it has refused."""
+    from .generate import GenerateAdapter
+
+    requests = cfg.source.format == "openai-batch"
+    if cfg.runtime.engine == "vllm":
+        from .vllm_generate import VllmGenerateAdapter
+
+        return VllmGenerateAdapter(model.location, cfg.model, requests=requests)
+    if cfg.runtime.engine in ("onnxruntime", "openvino"):
+        raise ConfigError("runtime.engine: generation models run on transformers (auto) or vllm")
+    if cfg.runtime.precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError("runtime.precision: generation models run in fp32, bf16 or fp16 (int8 is for embeddings)")
+    return GenerateAdapter(model.location, cfg.model, requests=requests, precision=cfg.runtime.precision)
+
+
+def _tabular_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+    """An ONNX graph over feature columns, a scikit-learn style model, or a user's own class."""
+    m = cfg.model
     if model.kind == "onnx":
         from .onnx_model import OnnxAdapter
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,38 +20,53 @@ from .common import (
     _setup_logging,
 )
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ..precision.tune import TuneResult
+
+# the flags of ``bulkinfer tune``
+TuneConfigFlag = Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")]
+TuneInputFlag = Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob.")]
+TuneModelFlag = Annotated[str | None, typer.Option("--model", "-m", help="minilm or a model directory.")]
+TuneTextColumnFlag = Annotated[str | None, typer.Option(help="Column holding the text.")]
+TuneSetFlag = Annotated[
+    list[str] | None, typer.Option("--set", help="Any config field, e.g. runtime.quality_floor=0.995.")
+]
+TuneSampleRowsFlag = Annotated[int, typer.Option(help="Rows of the input to measure on.")]
+TuneBatchSizesFlag = Annotated[
+    str | None, typer.Option(help="Batch sizes to try, comma-separated (default 8,16,32,64; 64..1024 on a GPU).")
+]
+TuneCandidatesFlag = Annotated[
+    str | None,
+    typer.Option(help="Engine/precision pairs to try (default all; torch's on a GPU): onnxruntime/int8,torch/fp16."),
+]
+TuneInt8SearchFlag = Annotated[
+    bool,
+    typer.Option(help="When int8 fails the gate, search the fewest blocks to keep in fp32 (several builds)."),
+]
+TuneOutputFlag = Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the tuned job file.")]
+TunePrintOnlyFlag = Annotated[bool, typer.Option("--print", help="Print the tuned job instead of writing it.")]
+
 
 def tune(
-    config: Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")] = None,
-    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="Input file, directory or glob.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="minilm or a model directory.")] = None,
-    text_column: Annotated[str | None, typer.Option(help="Column holding the text.")] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Any config field, e.g. runtime.quality_floor=0.995.")
-    ] = None,
-    sample_rows: Annotated[int, typer.Option(help="Rows of the input to measure on.")] = 512,
-    batch_sizes: Annotated[
-        str | None, typer.Option(help="Batch sizes to try, comma-separated (default 8,16,32,64; 64..1024 on a GPU).")
-    ] = None,
-    candidates: Annotated[
-        str | None,
-        typer.Option(
-            help="Engine/precision pairs to try (default all; torch's on a GPU): onnxruntime/int8,torch/fp16."
-        ),
-    ] = None,
-    int8_search: Annotated[
-        bool,
-        typer.Option(help="When int8 fails the gate, search the fewest blocks to keep in fp32 (several builds)."),
-    ] = True,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the tuned job file.")] = None,
-    print_only: Annotated[bool, typer.Option("--print", help="Print the tuned job instead of writing it.")] = False,
+    config: TuneConfigFlag = None,
+    input: TuneInputFlag = None,
+    model: TuneModelFlag = None,
+    text_column: TuneTextColumnFlag = None,
+    set_: TuneSetFlag = None,
+    sample_rows: TuneSampleRowsFlag = 512,
+    batch_sizes: TuneBatchSizesFlag = None,
+    candidates: TuneCandidatesFlag = None,
+    int8_search: TuneInt8SearchFlag = True,
+    output: TuneOutputFlag = None,
+    print_only: TunePrintOnlyFlag = False,
 ) -> None:
     """Measure engine x precision x batch size on a sample of the input; keep the fastest that passes the gate."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_tokenizers()
     _setup_logging(quiet=True)
     from rich.console import Console
-    from rich.table import Table
 
     from ..precision.tune import to_toml
     from ..precision.tune import tune as run_tune
@@ -78,6 +93,27 @@ def tune(
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
     finally:
         status.stop()
+    console.print(_table(result))
+    assert result.best is not None and result.config is not None
+    best = result.best
+    header = (
+        f"tuned by bulkinfer tune: {best.engine} {best.precision}, batch {best.batch_size}, "
+        f"{best.threads} threads, {best.rows_per_s} rows/s on {result.sample_rows} sample rows"
+        + (f", {best.processes} processes: execution.backend = ray, num_cpus = 1" if best.processes > 1 else "")
+    )
+    text = to_toml(result.config, header)
+    if print_only:
+        typer.echo(text)
+        return
+    target = output or (config.with_suffix(".tuned.toml") if config else Path("tuned.toml"))
+    target.write_text(text, encoding="utf-8")
+    typer.echo(f"chosen: {header.removeprefix('tuned by bulkinfer tune: ')}; wrote {target}")
+
+
+def _table(result: TuneResult) -> Table:
+    """Every candidate measured, one row each, the chosen one marked."""
+    from rich.table import Table
+
     from ..core.hardware import isa_key
 
     table = Table(title=f"bulkinfer tune: {result.sample_rows} rows of the job's input on {isa_key()}")
@@ -99,21 +135,7 @@ def tune(
             "pass" if c.passed else ("FAIL" if c.quality else "-"),
             "<- chosen" if c is result.best else ("" if c.passed else c.note),
         )
-    console.print(table)
-    assert result.best is not None and result.config is not None
-    best = result.best
-    header = (
-        f"tuned by bulkinfer tune: {best.engine} {best.precision}, batch {best.batch_size}, "
-        f"{best.threads} threads, {best.rows_per_s} rows/s on {result.sample_rows} sample rows"
-        + (f", {best.processes} processes: execution.backend = ray, num_cpus = 1" if best.processes > 1 else "")
-    )
-    text = to_toml(result.config, header)
-    if print_only:
-        typer.echo(text)
-        return
-    target = output or (config.with_suffix(".tuned.toml") if config else Path("tuned.toml"))
-    target.write_text(text, encoding="utf-8")
-    typer.echo(f"chosen: {header.removeprefix('tuned by bulkinfer tune: ')}; wrote {target}")
+    return table
 
 
 def machine(
@@ -145,7 +167,6 @@ def machine(
         typer.echo(json.dumps(found, indent=1))
         return
     from rich.console import Console
-    from rich.table import Table
 
     c, card, libs = found["cpu"], found["gpu"], found["libraries"]
     console = Console(width=None if sys.stdout.isatty() else 120)

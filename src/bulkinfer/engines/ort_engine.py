@@ -236,73 +236,17 @@ def _build(
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=entry.parent))
     try:
         t0 = time.perf_counter()
-        graph: dict[str, Any] = {}  # the fp32 export's fused operators, when fused
         optimized = work / "model.onnx" if precision == "fp32" else work / "fp32.onnx"
-        if precision == "int8" and fp32_entry is not None:
-            shutil.copyfile(fp32_entry / "model.onnx", optimized)
-            with contextlib.suppress(OSError, ValueError):  # quantized from a fused graph: say so here too
-                graph = {k: v for k, v in json.loads((fp32_entry / "meta.json").read_text()).items() if k == "fused"}
-        else:
-            raw = work / "raw.onnx"
-            shape = _fusable(model_dir) if fuse else None
-            _export(model_dir, raw, eager=shape is not None)
-            fused = _fuse(raw, optimized, shape) if shape is not None else None
-            if fused is not None:
-                graph = {"fused": fused}
-            else:
-                optimize_basic(raw, optimized)
-        scheme: dict[str, Any] = int8_scheme() if precision == "int8" else {}
+        graph = _fp32_graph(model_dir, work, optimized, fp32_entry if precision == "int8" else None, fuse)
+        scheme: dict[str, Any] = {}
         if precision == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            # per-channel weights: per-tensor int8 is as fast but far off fp32 (cosine ~0.93 on MiniLM)
-            from .int8 import group_of, layer_groups, outlier_channels, split_outliers
-
-            exclude: list[str] = []
-            if OUTLIERS in keep_fp32:  # each feed-forward block's largest channels beside the int8 rest
-                import onnx
-
-                # found on the fp32 entry's file (the same graph as this copy), once per process
-                channels = outlier_channels(fp32_entry / "model.onnx" if fp32_entry else optimized, model_dir)
-                if not channels:
-                    log.warning(
-                        "int8: %s has no fused feed-forward blocks to split; %s has no effect", model_dir, OUTLIERS
-                    )
-                else:
-                    model = onnx.load(str(optimized))
-                    exclude += split_outliers(model, channels)
-                    onnx.save(model, str(optimized))
-                    scheme["outlier_channels"] = {group_of(k).split("/")[0]: v for k, v in channels.items()}
-            groups = layer_groups(optimized)
-            exclude += [node for g in keep_fp32 for node in groups.get(g, [])]
-            advice = _DropAdvice()  # the quantizer's "run pre-processing first": done above, not the user's to do
-            logging.root.addFilter(advice)
-            try:
-                quantize_dynamic(
-                    str(optimized), str(work / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
-                    nodes_to_exclude=exclude, reduce_range=scheme["reduce_range"],
-                    extra_options={"DefaultTensorType": 1},  # fp32: a fused graph's contrib ops have no inferred types
-                )  # fmt: skip
-            finally:
-                logging.root.removeFilter(advice)
-            if keep_fp32:
-                scheme["fp32_groups"] = sorted(keep_fp32)
+            scheme = _quantize(model_dir, optimized, work / "model.onnx", fp32_entry, keep_fp32)
         for f in work.iterdir():
             if f.name != "model.onnx":
                 f.unlink()
-        (work / "meta.json").write_text(
-            json.dumps(
-                {
-                    "precision": precision,
-                    "opset": OPSET,
-                    "isa": isa_key(),  # the machine kind it was built for (part of the entry's key)
-                    **_versions(),
-                    "build_s": round(time.perf_counter() - t0, 2),
-                    **graph,
-                    **scheme,
-                }
-            )
-        )
+        meta = {"precision": precision, "opset": OPSET, "isa": isa_key(), **_versions(),  # isa: part of the key
+                "build_s": round(time.perf_counter() - t0, 2), **graph, **scheme}  # fmt: skip
+        (work / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(work, entry)
         except OSError:  # another job built the same entry first: use theirs
@@ -314,6 +258,66 @@ def _build(
         )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _fp32_graph(model_dir: str, work: Path, optimized: Path, fp32_entry: Path | None, fuse: bool) -> dict[str, Any]:
+    """The optimized fp32 graph at ``optimized``: copied from ``fp32_entry`` when given (an int8
+    build quantizes it), else exported and fused (a BERT encoder, ``fuse``) or basic-optimized.
+    Returns the fused operators for the entry's meta (empty when not fused)."""
+    if fp32_entry is not None:
+        shutil.copyfile(fp32_entry / "model.onnx", optimized)
+        with contextlib.suppress(OSError, ValueError):  # quantized from a fused graph: say so here too
+            return {k: v for k, v in json.loads((fp32_entry / "meta.json").read_text()).items() if k == "fused"}
+        return {}
+    raw = work / "raw.onnx"
+    shape = _fusable(model_dir) if fuse else None
+    _export(model_dir, raw, eager=shape is not None)
+    fused = _fuse(raw, optimized, shape) if shape is not None else None
+    if fused is not None:
+        return {"fused": fused}
+    optimize_basic(raw, optimized)
+    return {}
+
+
+def _quantize(
+    model_dir: str, optimized: Path, dest: Path, fp32_entry: Path | None, keep_fp32: Sequence[str]
+) -> dict[str, Any]:
+    """``optimized`` quantized to int8 at ``dest`` (per-channel weights: per-tensor int8 is as fast
+    but far off fp32, cosine ~0.93 on MiniLM), ``keep_fp32``'s groups left in fp32; the scheme for
+    the entry's meta."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from .int8 import group_of, layer_groups, outlier_channels, split_outliers
+
+    scheme: dict[str, Any] = int8_scheme()
+    exclude: list[str] = []
+    if OUTLIERS in keep_fp32:  # each feed-forward block's largest channels beside the int8 rest
+        import onnx
+
+        # found on the fp32 entry's file (the same graph as this copy), once per process
+        channels = outlier_channels(fp32_entry / "model.onnx" if fp32_entry else optimized, model_dir)
+        if not channels:
+            log.warning("int8: %s has no fused feed-forward blocks to split; %s has no effect", model_dir, OUTLIERS)
+        else:
+            model = onnx.load(str(optimized))
+            exclude += split_outliers(model, channels)
+            onnx.save(model, str(optimized))
+            scheme["outlier_channels"] = {group_of(k).split("/")[0]: v for k, v in channels.items()}
+    groups = layer_groups(optimized)
+    exclude += [node for g in keep_fp32 for node in groups.get(g, [])]
+    advice = _DropAdvice()  # the quantizer's "run pre-processing first": done above, not the user's to do
+    logging.root.addFilter(advice)
+    try:
+        quantize_dynamic(
+            str(optimized), str(dest), weight_type=QuantType.QInt8, per_channel=True,
+            nodes_to_exclude=exclude, reduce_range=scheme["reduce_range"],
+            extra_options={"DefaultTensorType": 1},  # fp32: a fused graph's contrib ops have no inferred types
+        )  # fmt: skip
+    finally:
+        logging.root.removeFilter(advice)
+    if keep_fp32:
+        scheme["fp32_groups"] = sorted(keep_fp32)
+    return scheme
 
 
 def tensorrt_options(engines: Path, precision: str, device_id: int, rows: int, tokens: int) -> dict[str, Any]:
@@ -357,6 +361,49 @@ def started(providers: Sequence[str], wanted: str, device: str) -> None:
     )
 
 
+def _provider_wanted(precision: str, device: str, tensorrt: tuple[int, int] | None) -> str:
+    """The GPU provider the job needs ("" on the CPU); refused, before anything is exported, when
+    the precision does not run on onnxruntime or this onnxruntime lacks the provider."""
+    import onnxruntime as ort
+
+    if precision not in ("fp32", "int8") and not (tensorrt and precision == "fp16"):
+        raise ModelError(
+            f"runtime.precision: {precision!r} is not supported by onnxruntime; use fp32 or int8 "
+            "(fp16 through TensorRT: runtime.tensorrt = true; bf16 runs on the torch engine)"
+        )
+    wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider" if device.startswith("cuda") else ""
+    if wanted and wanted not in ort.get_available_providers():
+        name, install, instead = ORT_GPU_PROVIDERS[wanted]
+        raise ModelError(
+            f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {name} provider "
+            f"({', '.join(ort.get_available_providers())}); {install}, or set {instead}"
+        )
+    return wanted
+
+
+def _providers(entry: Path, device: str, precision: str, tensorrt: tuple[int, int] | None) -> list[Any]:
+    """The session's providers, first choice first: TensorRT (its engines cached per card, precision
+    and profile inside ``entry``), CUDA, the CPU."""
+    device_id = int(device.partition(":")[2] or 0)
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
+    if tensorrt:
+        from ..core.hardware import gpu
+
+        rows, tokens = tensorrt
+        card = re.sub(r"[^A-Za-z0-9]+", "-", (gpu(device) or {}).get("name", "gpu")).strip("-")
+        engines = entry / "tensorrt" / f"{card}-{precision}-{rows}x{tokens}"  # an engine is built for one card
+        engines.mkdir(parents=True, exist_ok=True)
+        if not any(engines.iterdir()):  # empty also after a start that failed
+            log.info("building TensorRT engines for up to %d rows x %d tokens (once; cached in %s)",
+                     rows, tokens, engines)  # fmt: skip
+        providers.insert(
+            0, ("TensorrtExecutionProvider", tensorrt_options(engines, precision, device_id, rows, tokens))
+        )
+    return providers
+
+
 class OrtEngine:
     """Runs a cached ONNX export of a transformer with ONNX Runtime: on the CPU, on CUDA, or on
     CUDA through TensorRT (``tensorrt``: the most rows and tokens per call it is built for)."""
@@ -376,19 +423,7 @@ class OrtEngine:
     ) -> None:
         import onnxruntime as ort
 
-        if precision not in ("fp32", "int8") and not (tensorrt and precision == "fp16"):
-            raise ModelError(
-                f"runtime.precision: {precision!r} is not supported by onnxruntime; use fp32 or int8 "
-                "(fp16 through TensorRT: runtime.tensorrt = true; bf16 runs on the torch engine)"
-            )
-        on_gpu = device.startswith("cuda")
-        wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider" if on_gpu else ""
-        if wanted and wanted not in ort.get_available_providers():
-            name, install, instead = ORT_GPU_PROVIDERS[wanted]
-            raise ModelError(  # before the export: nothing built for a run that cannot start
-                f"runtime.device = {device}: this onnxruntime ({ort.__version__}) has no {name} provider "
-                f"({', '.join(ort.get_available_providers())}); {install}, or set {instead}"
-            )
+        wanted = _provider_wanted(precision, device, tensorrt)
         # TensorRT takes the plain fp32 graph whatever the precision (its fp16 is its own kernels)
         built = "fp32" if tensorrt else precision
         entry = cache_entry(cache_dir, model_digest, built, keep_fp32, fuse=tensorrt is None)
@@ -396,38 +431,14 @@ class OrtEngine:
         self.cache_hit = (entry / "model.onnx").is_file()
         self.build_split: dict[str, float] = {}  # seconds of this load's export and int8 build (none: cached)
         if not self.cache_hit:
-            try:
-                if built == "int8" and not self.fp32_path.is_file():  # the export, then its quantization
-                    t0 = time.perf_counter()
-                    _build(model_dir, "fp32", self.fp32_path.parent)
-                    self.build_split["export_s"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                _build(model_dir, built, entry, self.fp32_path.parent, keep_fp32, fuse=tensorrt is None)
-                self.build_split["export_s" if built == "fp32" else "build_s"] = time.perf_counter() - t0
-            except (OSError, RuntimeError, ValueError) as exc:
-                raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc
+            self._compile(model_dir, built, entry, keep_fp32, fuse=tensorrt is None)
         self.path = entry / "model.onnx"
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         if not spin:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        device_id = int(device.partition(":")[2] or 0)
-        providers: list[Any] = ["CPUExecutionProvider"]
-        if on_gpu:
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": device_id}))
-        if tensorrt:
-            from ..core.hardware import gpu
-
-            rows, tokens = tensorrt
-            card = re.sub(r"[^A-Za-z0-9]+", "-", (gpu(device) or {}).get("name", "gpu")).strip("-")
-            engines = entry / "tensorrt" / f"{card}-{precision}-{rows}x{tokens}"  # an engine is built for one card
-            engines.mkdir(parents=True, exist_ok=True)
-            if not any(engines.iterdir()):  # empty also after a start that failed
-                log.info("building TensorRT engines for up to %d rows x %d tokens (once; cached in %s)",
-                         rows, tokens, engines)  # fmt: skip
-            options = tensorrt_options(engines, precision, device_id, rows, tokens)
-            providers.insert(0, ("TensorrtExecutionProvider", options))
+        providers = _providers(entry, device, precision, tensorrt)
         if not wanted:
             self._session = ort.InferenceSession(
                 str(self.path), so, providers=providers, disabled_optimizers=CPU_UNFUSED
@@ -442,7 +453,21 @@ class OrtEngine:
                 ) from exc
             started(self._session.get_providers(), wanted, device)
         ran = self._session.get_providers()[0]
+        on_gpu = device.startswith("cuda")
         self.runs_on = f"onnxruntime {ran}" + (f" ({device})" if on_gpu else "")  # what report.json says ran
+
+    def _compile(self, model_dir: str, built: str, entry: Path, keep_fp32: Sequence[str], fuse: bool) -> None:
+        """Build the cache entry (for int8, the fp32 export first), timing each step."""
+        try:
+            if built == "int8" and not self.fp32_path.is_file():  # the export, then its quantization
+                t0 = time.perf_counter()
+                _build(model_dir, "fp32", self.fp32_path.parent)
+                self.build_split["export_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            _build(model_dir, built, entry, self.fp32_path.parent, keep_fp32, fuse=fuse)
+            self.build_split["export_s" if built == "fp32" else "build_s"] = time.perf_counter() - t0
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = self._session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]

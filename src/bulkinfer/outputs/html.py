@@ -235,70 +235,69 @@ def _stats_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
                 "stats",
             )
         ]
-    blocks = []
-    for name, col in stats["columns"].items():
-        kind = col["kind"]
-        facts = [
-            (k, col.get(k))
-            for k in ("count", "nulls", "nan", "inf", "nonfinite", "dim", "mean", "std", "min", "max")
-            if k in col
-        ]
-        chart = ""
-        constant = (kind == "label" and len(col.get("classes") or {}) == 1) or (
-            kind == "number" and col.get("quantiles") and col.get("min") == col.get("max")
-        )
-        if constant:  # one value in every row (completion_tokens of an embedding job): said, not charted
-            value = next(iter(col["classes"])) if kind == "label" else num(col.get("min"))
-            chart = f"<p>Every row holds {html.escape(str(value))}: nothing to chart.</p>"
-        elif kind == "label" and col.get("classes"):
-            classes = dict(list(col["classes"].items())[:20])
-            total = sum(col["classes"].values()) or 1
-            chart = _chart(
-                charts.bars(
-                    list(classes),
-                    [100 * v / total for v in classes.values()],
-                    f"{name}: share of rows per class",
-                    unit="%",
-                ),
-                "The 20 most frequent classes." if len(col["classes"]) > 20 else "Every class.",
-            )
-        elif kind == "number" and col.get("quantiles"):
-            chart = _chart(charts.quantiles({name: col["quantiles"]}, f"{name}: quantiles"), "p1 to p99.")
-        elif kind == "vector" and col.get("norm", {}).get("quantiles"):
-            n = col["norm"]
-            facts += [("norm mean", n["mean"]), ("norm std", n["std"]), ("norm min", n["min"]), ("norm max", n["max"])]
-            chart = _chart(
-                charts.quantiles({f"{name} norm": n["quantiles"]}, f"{name}: vector norm quantiles"),
-                "Quantiles of each row's L2 norm.",
-            )
-        blocks.append(
-            f'<h3>{html.escape(name)} <small>{kind}</small></h3><div class="row">{chart}{_table(facts)}</div>'
-        )
+    blocks = [_column_block(name, col, charts) for name, col in stats["columns"].items()]
     out = [_section("Output statistics", "".join(blocks), "stats")]
     drift = run["report"].get("drift")
     if drift and drift.get("columns"):
-        cols = [n for n, d in drift["columns"].items() if d.get("psi") is not None]
-        svg = charts.bars(
-            cols,
-            [drift["columns"][n]["psi"] for n in cols],
-            f"PSI against the baseline (dashed: max_psi {num(drift['max_psi'])})",
-            color=ORANGE,
-            limit=drift["max_psi"],
-        )
-        rows = [
-            (
-                n,
-                d.get("psi"),
-                d.get("mean_shift", d.get("norm_shift")),
-                d.get("mean_vector_cosine"),
-                ", ".join(d.get("new_classes", [])) or None,
-            )
-            for n, d in drift["columns"].items()
-        ]
-        body = _chart(svg, "Population stability index per column; over the dashed line counts as drift.")
-        body += _table(rows, ["column", "PSI", "mean / norm shift", "mean-vector cosine", "new classes"])
-        out.append(_section("Drift", body, "drift"))
+        out.append(_drift_section(drift, charts))
     return out
+
+
+def _column_block(name: str, col: Mapping[str, Any], charts: Charts) -> str:
+    """One output column: its facts, and the chart its kind has (classes, quantiles, norms)."""
+    kind = col["kind"]
+    keys = ("count", "nulls", "nan", "inf", "nonfinite", "dim", "mean", "std", "min", "max")
+    facts = [(k, col.get(k)) for k in keys if k in col]
+    chart = ""
+    constant = (kind == "label" and len(col.get("classes") or {}) == 1) or (
+        kind == "number" and col.get("quantiles") and col.get("min") == col.get("max")
+    )
+    if constant:  # one value in every row (completion_tokens of an embedding job): said, not charted
+        value = next(iter(col["classes"])) if kind == "label" else num(col.get("min"))
+        chart = f"<p>Every row holds {html.escape(str(value))}: nothing to chart.</p>"
+    elif kind == "label" and col.get("classes"):
+        classes = dict(list(col["classes"].items())[:20])
+        total = sum(col["classes"].values()) or 1
+        shares = [100 * v / total for v in classes.values()]
+        chart = _chart(
+            charts.bars(list(classes), shares, f"{name}: share of rows per class", unit="%"),
+            "The 20 most frequent classes." if len(col["classes"]) > 20 else "Every class.",
+        )
+    elif kind == "number" and col.get("quantiles"):
+        chart = _chart(charts.quantiles({name: col["quantiles"]}, f"{name}: quantiles"), "p1 to p99.")
+    elif kind == "vector" and col.get("norm", {}).get("quantiles"):
+        n = col["norm"]
+        facts += [("norm mean", n["mean"]), ("norm std", n["std"]), ("norm min", n["min"]), ("norm max", n["max"])]
+        chart = _chart(
+            charts.quantiles({f"{name} norm": n["quantiles"]}, f"{name}: vector norm quantiles"),
+            "Quantiles of each row's L2 norm.",
+        )
+    return f'<h3>{html.escape(name)} <small>{kind}</small></h3><div class="row">{chart}{_table(facts)}</div>'
+
+
+def _drift_section(drift: Mapping[str, Any], charts: Charts) -> str:
+    """PSI per column against the baseline, and each column's shift figures."""
+    cols = [n for n, d in drift["columns"].items() if d.get("psi") is not None]
+    svg = charts.bars(
+        cols,
+        [drift["columns"][n]["psi"] for n in cols],
+        f"PSI against the baseline (dashed: max_psi {num(drift['max_psi'])})",
+        color=ORANGE,
+        limit=drift["max_psi"],
+    )
+    rows = [
+        (
+            n,
+            d.get("psi"),
+            d.get("mean_shift", d.get("norm_shift")),
+            d.get("mean_vector_cosine"),
+            ", ".join(d.get("new_classes", [])) or None,
+        )
+        for n, d in drift["columns"].items()
+    ]
+    body = _chart(svg, "Population stability index per column; over the dashed line counts as drift.")
+    body += _table(rows, ["column", "PSI", "mean / norm shift", "mean-vector cosine", "new classes"])
+    return _section("Drift", body, "drift")
 
 
 def _compare_sections(cmp: Mapping[str, Any], charts: Charts) -> list[str]:

@@ -367,72 +367,23 @@ def partial_int8(
     """Full int8 failed the gate: keep the fewest most-sensitive groups in fp32 that pass it
     (:mod:`bulkinfer.engines.int8`), reload ``adapter`` with them, cache the choice; or raise
     with every build tried when only fp32 would pass. ``outputs`` receives the kept build's results."""
-    from ..engines.int8 import OUTLIERS, kept_in_words, outlier_channels, save_plan, search, sensitivities
+    from ..engines.int8 import save_plan, search
 
-    rt = cfg.runtime
-    threads = rt.threads or available_cpus()
-    if failed.reference is not None and "embedding" in failed.reference:  # the failed gate's fp32 pass: not run twice
-        ref = np.stack(list(failed.reference["embedding"]))
-    else:
-        reference.setup(SetupContext(threads=threads))
-        ref = np.stack(list(run_adapter(reference, sample, rt.rows_per_call)["embedding"]))
-        reference.close()
-    features = adapter.preprocess(sample.slice(0, 64))
-    batches = [adapter.select(features, np.arange(i, min(i + 16, len(features)))) for i in range(0, len(features), 16)]
-    fp32_path = adapter._engine.fp32_path
-    # first the feed-forward blocks' outlier channels (cheap, and data-free), then whole blocks
-    # by sensitivity, measured with those channels already out of int8
-    reduce_range = int8_scheme()["reduce_range"]
-    channels = outlier_channels(fp32_path, str(adapter.layout.transformer_dir), threads)
-    sens = sensitivities(fp32_path, batches, reduce_range, threads, exact=channels)
-    order = ([OUTLIERS] if channels else []) + sorted(sens, key=lambda g: -sens[g])
-    seconds: dict[tuple[str, ...], float] = {}
-    found: dict[tuple[str, ...], dict[str, float]] = {}
-    results: dict[tuple[str, ...], dict[str, pa.Array]] = {}
-
-    def score(keep: list[str]) -> float:
-        adapter.reload_engine(keep)
-        t0 = time.perf_counter()
-        results[tuple(keep)] = predict_table(adapter, sample, rt.rows_per_call)
-        got = to_numpy_column(results[tuple(keep)]["embedding"])
-        seconds[tuple(keep)] = time.perf_counter() - t0
-        found[tuple(keep)] = compare_embeddings(ref, np.stack(list(got)))
-        return found[tuple(keep)]["mean_cosine"]
-
-    def blocks_alone() -> list[str]:  # the split bought nothing here: blocks ranked with every channel in int8
-        sens.clear()
-        sens.update(sensitivities(fp32_path, batches, reduce_range, threads))
-        return sorted(sens, key=lambda g: -sens[g])
-
+    trial = _Int8Search(adapter, reference, sample, cfg, failed)
     full = failed.figures.get("mean_cosine")
-    baseline = float(full) if channels and isinstance(full, (int, float)) else None
-    result = search(order, score, rt.quality_floor, baseline=baseline, without_first=blocks_alone)
-    steps = [{**s, "seconds": round(seconds[tuple(s["groups"])], 3)} for s in result.steps]
-    figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": full, "int8_search": steps,
-               "sensitivity": {g: round(sens[g], 5) for g in result.order if g in sens}}  # fmt: skip
-    if result.dropped:
-        figures["int8_search_dropped"] = result.dropped
-        log.info(
-            "quality gate: keeping the outlier channels in fp32 scores %s, no closer than full int8 (%s) on this "
-            "machine: searched the blocks alone",
-            steps[0]["mean_cosine"], full,
-        )  # fmt: skip
+    baseline = float(full) if trial.channels and isinstance(full, (int, float)) else None
+    result = search(trial.order, trial.score, cfg.runtime.quality_floor, baseline=baseline,
+                    without_first=trial.blocks_alone)  # fmt: skip
+    figures = trial.figures(result, full, failed)
     if result.keep_fp32 is None:
-        adapter.reload_engine([])
-        tried = "; ".join(f"{kept_in_words(s['groups'])} in fp32: {s['mean_cosine']}" for s in steps)
-        err = QualityGateError(
-            f"quality gate: int8 is too far from fp32 on {sample.num_rows} rows of this job even with its most "
-            f"sensitive parts kept in fp32 ({tried}; floor {rt.quality_floor}); use fp32, or lower "
-            "runtime.quality_floor if this is acceptable"
-        )
-        err.figures = {**figures, "passed": False}
-        raise err
+        raise trial.refusal(figures)
     keep = result.keep_fp32
     adapter.reload_engine(keep)
     if outputs is not None:
-        outputs.update(results[tuple(keep)])
-    figures.update(found[tuple(keep)])
+        outputs.update(trial.results[tuple(keep)])
+    figures.update(trial.found[tuple(keep)])
     figures.update({"passed": True, "int8_fp32_groups": keep})
+    rt = cfg.runtime
     cache = Path(rt.cache_dir).expanduser() if rt.cache_dir else default_cache_dir()
     save_plan(cache, digest, rt.quality_floor, {"fp32_groups": keep, **figures})
     log.info(
@@ -440,3 +391,81 @@ def partial_int8(
         figures["full_int8_mean_cosine"], ", ".join(keep), figures["mean_cosine"],
     )  # fmt: skip
     return figures
+
+
+class _Int8Search:
+    """The builds :func:`partial_int8` tries: the fp32 answer, the groups in the order to keep them
+    in fp32 (first the feed-forward blocks' outlier channels, cheap and data-free, then whole
+    blocks by sensitivity, measured with those channels already out of int8), each build's score."""
+
+    def __init__(
+        self, adapter: Any, reference: Adapter, sample: pa.Table, cfg: JobConfig, failed: QualityGateError
+    ) -> None:
+        from ..engines.int8 import OUTLIERS, outlier_channels, sensitivities
+
+        self.adapter, self.sample, self.cfg = adapter, sample, cfg
+        rt = cfg.runtime
+        self.threads = rt.threads or available_cpus()
+        if failed.reference is not None and "embedding" in failed.reference:  # the failed gate's fp32 pass: reused
+            self.ref = np.stack(list(failed.reference["embedding"]))
+        else:
+            reference.setup(SetupContext(threads=self.threads))
+            self.ref = np.stack(list(run_adapter(reference, sample, rt.rows_per_call)["embedding"]))
+            reference.close()
+        features = adapter.preprocess(sample.slice(0, 64))
+        self.batches = [adapter.select(features, np.arange(i, min(i + 16, len(features))))
+                        for i in range(0, len(features), 16)]  # fmt: skip
+        self.fp32_path = adapter._engine.fp32_path
+        self.reduce_range = int8_scheme()["reduce_range"]
+        self.channels = outlier_channels(self.fp32_path, str(adapter.layout.transformer_dir), self.threads)
+        self.sens = sensitivities(self.fp32_path, self.batches, self.reduce_range, self.threads, exact=self.channels)
+        self.order = ([OUTLIERS] if self.channels else []) + sorted(self.sens, key=lambda g: -self.sens[g])
+        self.seconds: dict[tuple[str, ...], float] = {}
+        self.found: dict[tuple[str, ...], dict[str, float]] = {}
+        self.results: dict[tuple[str, ...], dict[str, pa.Array]] = {}
+
+    def score(self, keep: list[str]) -> float:
+        """The mean cosine to fp32 of the build with ``keep`` in fp32 (its results and time kept)."""
+        self.adapter.reload_engine(keep)
+        t0 = time.perf_counter()
+        key = tuple(keep)
+        self.results[key] = predict_table(self.adapter, self.sample, self.cfg.runtime.rows_per_call)
+        got = to_numpy_column(self.results[key]["embedding"])
+        self.seconds[key] = time.perf_counter() - t0
+        self.found[key] = compare_embeddings(self.ref, np.stack(list(got)))
+        return self.found[key]["mean_cosine"]
+
+    def blocks_alone(self) -> list[str]:
+        """The split bought nothing here: blocks ranked with every channel in int8."""
+        from ..engines.int8 import sensitivities
+
+        self.sens.clear()
+        self.sens.update(sensitivities(self.fp32_path, self.batches, self.reduce_range, self.threads))
+        return sorted(self.sens, key=lambda g: -self.sens[g])
+
+    def figures(self, result: Any, full: Any, failed: QualityGateError) -> dict[str, Any]:
+        steps = [{**s, "seconds": round(self.seconds[tuple(s["groups"])], 3)} for s in result.steps]
+        figures = {**getattr(failed, "figures", {}), "full_int8_mean_cosine": full, "int8_search": steps,
+                   "sensitivity": {g: round(self.sens[g], 5) for g in result.order if g in self.sens}}  # fmt: skip
+        if result.dropped:
+            figures["int8_search_dropped"] = result.dropped
+            log.info(
+                "quality gate: keeping the outlier channels in fp32 scores %s, no closer than full int8 (%s) on "
+                "this machine: searched the blocks alone",
+                steps[0]["mean_cosine"], full,
+            )  # fmt: skip
+        return figures
+
+    def refusal(self, figures: dict[str, Any]) -> QualityGateError:
+        """Only fp32 passes: the error lists every build tried (the adapter back to full int8)."""
+        from ..engines.int8 import kept_in_words
+
+        self.adapter.reload_engine([])
+        tried = "; ".join(f"{kept_in_words(s['groups'])} in fp32: {s['mean_cosine']}" for s in figures["int8_search"])
+        err = QualityGateError(
+            f"quality gate: int8 is too far from fp32 on {self.sample.num_rows} rows of this job even with its most "
+            f"sensitive parts kept in fp32 ({tried}; floor {self.cfg.runtime.quality_floor}); use fp32, or lower "
+            "runtime.quality_floor if this is acceptable"
+        )
+        err.figures = {**figures, "passed": False}
+        return err

@@ -149,49 +149,8 @@ class Lineage:
     ) -> Any:
         """The OpenLineage RunEvent of ``state`` (START, COMPLETE, FAIL, ABORT)."""
         from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
-        from openlineage.client.generated import (
-            error_message_run,
-            job_type_job,
-            output_statistics_output_dataset,
-            processing_engine_run,
-            schema_dataset,
-            tags_job,
-        )
+        from openlineage.client.generated import output_statistics_output_dataset, schema_dataset
 
-        from .._version import __version__
-
-        model_facet, run_facet = _facet_classes()
-        cfg, plan = self.cfg, self.plan
-        run_facets: dict[str, Any] = {
-            "processing_engine": processing_engine_run.ProcessingEngineRunFacet(version=__version__, name="bulkinfer"),
-            "bulkinfer_run": run_facet(
-                fingerprint=plan.fingerprint,
-                rowsPlanned=plan.rows,
-                rowsWritten=None if report is None else int(report["rows_out"]),
-                rowsFailed=None if report is None else int(report["rows_failed"]),
-            ),
-        }
-        if message is not None:
-            run_facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
-                message=message, programmingLanguage="python"
-            )
-        job_facets: dict[str, Any] = {
-            "jobType": job_type_job.JobTypeJobFacet(processingType="BATCH", integration="BULKINFER", jobType="JOB"),
-            "bulkinfer_model": model_facet(
-                kind=plan.model_kind,
-                location=self.model.location,
-                digest=self.model.digest,
-                precision=cfg.runtime.precision,
-                engine=cfg.runtime.engine,
-            ),
-        }
-        if cfg.cost.labels:
-            job_facets["tags"] = tags_job.TagsJobFacet(
-                tags=[
-                    tags_job.TagsJobFacetFields(key=k, value=v, source="cost.labels")
-                    for k, v in cfg.cost.labels.items()
-                ]
-            )
         ns, name = dataset_name(self.output)
         out_facets: dict[str, Any] = {}
         if schema:
@@ -208,15 +167,60 @@ class Lineage:
         return RunEvent(
             eventType=getattr(RunState, state),
             eventTime=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            run=Run(runId=self.run_id, facets=run_facets),
+            run=Run(runId=self.run_id, facets=self._run_facets(report, message)),
             job=Job(
-                namespace=cfg.lineage.namespace,
-                name=cfg.lineage.job_name or name.rsplit("/", 1)[-1] or name,
-                facets=job_facets,
+                namespace=self.cfg.lineage.namespace,
+                name=self.cfg.lineage.job_name or name.rsplit("/", 1)[-1] or name,
+                facets=self._job_facets(),
             ),
             inputs=[InputDataset(namespace=n, name=p) for n, p in self._inputs()],
             outputs=[OutputDataset(namespace=ns, name=name, facets=out_facets, outputFacets=output_facets)],
         )
+
+    def _run_facets(self, report: Mapping[str, Any] | None, message: str | None) -> dict[str, Any]:
+        """The engine, bulkinfer's run figures, and a failure's message."""
+        from openlineage.client.generated import error_message_run, processing_engine_run
+
+        from .._version import __version__
+
+        _model_facet, run_facet = _facet_classes()
+        facets: dict[str, Any] = {
+            "processing_engine": processing_engine_run.ProcessingEngineRunFacet(version=__version__, name="bulkinfer"),
+            "bulkinfer_run": run_facet(
+                fingerprint=self.plan.fingerprint,
+                rowsPlanned=self.plan.rows,
+                rowsWritten=None if report is None else int(report["rows_out"]),
+                rowsFailed=None if report is None else int(report["rows_failed"]),
+            ),
+        }
+        if message is not None:
+            facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
+                message=message, programmingLanguage="python"
+            )
+        return facets
+
+    def _job_facets(self) -> dict[str, Any]:
+        """A batch job of bulkinfer's, the model it runs, and ``cost.labels`` as tags."""
+        from openlineage.client.generated import job_type_job, tags_job
+
+        model_facet, _run_facet = _facet_classes()
+        cfg = self.cfg
+        facets: dict[str, Any] = {
+            "jobType": job_type_job.JobTypeJobFacet(processingType="BATCH", integration="BULKINFER", jobType="JOB"),
+            "bulkinfer_model": model_facet(
+                kind=self.plan.model_kind,
+                location=self.model.location,
+                digest=self.model.digest,
+                precision=cfg.runtime.precision,
+                engine=cfg.runtime.engine,
+            ),
+        }
+        if cfg.cost.labels:
+            tags = [
+                tags_job.TagsJobFacetFields(key=k, value=v, source="cost.labels") for k, v in cfg.cost.labels.items()
+            ]
+            facets["tags"] = tags_job.TagsJobFacet(tags=tags)
+        return facets
 
     def _inputs(self) -> list[tuple[str, str]]:
         """Each input file; past 100 files, the folders they are in (a dataset is a table, not a shard)."""

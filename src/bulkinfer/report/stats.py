@@ -179,12 +179,6 @@ class RunStats:
         """The run's figures; ``token_prices``: a remote model's price per million input and
         output tokens, booked with the instance's time."""
         wall = max(self.run_s, 1e-9)
-        n_batches = sum(self.batch_sizes.values())
-        hist: Counter[str] = Counter()
-        for size, count in sorted(self.batch_sizes.items()):
-            hist[_bucket(size)] += count
-        token_cost = (self.prompt_tokens * token_prices[0] + self.completion_tokens * token_prices[1]) / 1e6
-        cost_run = price_per_hour * self.wall_s / 3600.0 + token_cost
         return {
             "rows_planned": self.rows_planned,
             "rows_already_done": self.rows_already_done,
@@ -209,18 +203,9 @@ class RunStats:
                 "s": round(self.commit_s, 3),
                 "shards_per_s": round(self.shards_committed / self.commit_s, 1) if self.commit_s else None,
             },
-            "batches": {
-                "count": n_batches,
-                "mean_rows": round(sum(k * v for k, v in self.batch_sizes.items()) / max(n_batches, 1), 2),
-                "histogram": dict(hist),
-                "padding_ratio": round(self.padded_tokens / self.tokens, 4) if self.tokens else None,
-            },
+            "batches": self._batches(),
             "quality": self.quality,
-            **({"backend": self.backend} if self.backend else {}),
-            **({"routes": dict(self.routes)} if self.routes else {}),
-            **({"drift": self.drift} if self.drift else {}),
-            **({"empty_inputs": list(self.empty_inputs)} if self.empty_inputs else {}),
-            **({"remote_batches": dict(self.remote_batches)} if self.remote_batches else {}),
+            **self._if_any(),
             "reuse": {
                 "rows_from_previous": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
@@ -229,29 +214,58 @@ class RunStats:
                 "dedupe": self.dedupe,
             },
             "timeline": [[0.0, 0], *([t, n] for t, n in self.timeline)],
-            **(
-                {
-                    "exports": {
-                        name: {
-                            "rows": int(f["rows"]),
-                            "seconds": round(f["seconds"], 3),
-                            "share": round(f["seconds"] / wall, 4),
-                        }
-                        for name, f in self.exports.items()
-                    }
-                }
-                if self.exports
-                else {}
-            ),
-            "cost": {
-                "instance_price_per_hour": price_per_hour,
-                "currency": currency,
-                "run": round(cost_run, 6),
-                **({"remote_tokens": round(token_cost, 6)} if any(token_prices) else {}),
-                "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
-                **self._token_costs(cost_run),
-            },
+            **self._exports(wall),
+            "cost": self._cost(price_per_hour, currency, token_prices),
             **self._tokens(wall),
+        }
+
+    def _batches(self) -> dict[str, Any]:
+        n_batches = sum(self.batch_sizes.values())
+        hist: Counter[str] = Counter()
+        for size, count in sorted(self.batch_sizes.items()):
+            hist[_bucket(size)] += count
+        return {
+            "count": n_batches,
+            "mean_rows": round(sum(k * v for k, v in self.batch_sizes.items()) / max(n_batches, 1), 2),
+            "histogram": dict(hist),
+            "padding_ratio": round(self.padded_tokens / self.tokens, 4) if self.tokens else None,
+        }
+
+    def _if_any(self) -> dict[str, Any]:
+        """The sections only some runs have (a cluster backend, routes, drift, empty inputs, remote batches)."""
+        sections = {
+            "backend": self.backend,
+            "routes": dict(self.routes),
+            "drift": self.drift,
+            "empty_inputs": list(self.empty_inputs),
+            "remote_batches": dict(self.remote_batches),
+        }
+        return {k: v for k, v in sections.items() if v}
+
+    def _exports(self, wall: float) -> dict[str, Any]:
+        if not self.exports:
+            return {}
+        return {
+            "exports": {
+                name: {
+                    "rows": int(f["rows"]),
+                    "seconds": round(f["seconds"], 3),
+                    "share": round(f["seconds"] / wall, 4),
+                }
+                for name, f in self.exports.items()
+            }
+        }
+
+    def _cost(self, price_per_hour: float, currency: str, token_prices: tuple[float, float]) -> dict[str, Any]:
+        token_cost = (self.prompt_tokens * token_prices[0] + self.completion_tokens * token_prices[1]) / 1e6
+        cost_run = price_per_hour * self.wall_s / 3600.0 + token_cost
+        return {
+            "instance_price_per_hour": price_per_hour,
+            "currency": currency,
+            "run": round(cost_run, 6),
+            **({"remote_tokens": round(token_cost, 6)} if any(token_prices) else {}),
+            "per_million_rows": round(cost_run / self.rows_out * 1e6, 4) if self.rows_out else None,
+            **self._token_costs(cost_run),
         }
 
     def _tokens(self, wall: float) -> dict[str, Any]:

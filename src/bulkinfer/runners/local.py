@@ -222,35 +222,7 @@ class LocalRunner:
             for window in self._windows(shard, lambda row, msg: bad_rows.append((row, msg))):
                 if self.stop.is_set() or self._halt.is_set():
                     return False
-                t0 = time.perf_counter()
-                last = int(window.column(ROW)[-1].as_py())
-                table, limit = self._cut(shard, window)
-                if limit is not None:
-                    last = limit - 1
-                errors = [ErrorRecord.of(shard.uri, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
-                bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
-                if self.row_filter is not None:
-                    table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
-                rows = table.column(ROW).to_numpy()
-                table = table.drop_columns([ROW])
-                reuse = self.reuse.plan(table, self.stats)
-                sub = table if reuse.compute is None else table.take(pa.array(reuse.compute))
-                sub_rows = rows if reuse.compute is None else rows[reuse.compute]
-                features, good, pre_errors = (
-                    self._preprocess(shard, sub_rows, sub) if sub.num_rows else (None, np.empty(0, np.int64), [])
-                )
-                self.stats.add_truncated(getattr(features, "truncated", 0))
-                if reuse.compute is not None:
-                    good = reuse.compute[good]  # positions in the window, as the assembly expects
-                items = self._batches(shard, features, good) if len(good) else []
-                self.stats.add_time("preprocess", time.perf_counter() - t0)
-                for item in items:
-                    q.put(item)
-                next_row = max([last, *(e.row for e in errors if e.row is not None)]) + 1
-                passthrough = table.select(self.passthrough)
-                if self.reuse.write_hash:
-                    passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
-                q.put(WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row, reuse))
+                next_row, limit = self._produce_window(shard, window, bad_rows, q)
                 if limit is not None:
                     q.put(ShardEnd(shard, stop=limit))
                     return True
@@ -272,6 +244,43 @@ class LocalRunner:
             q.put(WindowEnd(shard, np.empty(0, dtype=np.int64), empty, errors, limit or shard.stop))
         q.put(ShardEnd(shard, stop=limit))
         return True
+
+    def _produce_window(
+        self, shard: Shard, window: pa.Table, bad_rows: list[tuple[int, str]], q: queue.Queue[Any]
+    ) -> tuple[int, int | None]:
+        """Queue one window's batches (what reuse leaves to compute, preprocessed) and its end
+        (passthrough columns, read errors up to its last row, the reuse plan). Returns the next
+        row to read and the shard's new end when a split cut it inside this window."""
+        t0 = time.perf_counter()
+        last = int(window.column(ROW)[-1].as_py())
+        table, limit = self._cut(shard, window)
+        if limit is not None:
+            last = limit - 1
+        errors = [ErrorRecord.of(shard.uri, r, "read", m) for r, m in bad_rows if r <= last and self._wanted(r)]
+        bad_rows[:] = [(r, m) for r, m in bad_rows if r > last]
+        if self.row_filter is not None:
+            table = table.filter(pc.is_in(table.column(ROW), value_set=self._filter_array))
+        rows = table.column(ROW).to_numpy()
+        table = table.drop_columns([ROW])
+        reuse = self.reuse.plan(table, self.stats)
+        sub = table if reuse.compute is None else table.take(pa.array(reuse.compute))
+        sub_rows = rows if reuse.compute is None else rows[reuse.compute]
+        features, good, pre_errors = (
+            self._preprocess(shard, sub_rows, sub) if sub.num_rows else (None, np.empty(0, np.int64), [])
+        )
+        self.stats.add_truncated(getattr(features, "truncated", 0))
+        if reuse.compute is not None:
+            good = reuse.compute[good]  # positions in the window, as the assembly expects
+        items = self._batches(shard, features, good) if len(good) else []
+        self.stats.add_time("preprocess", time.perf_counter() - t0)
+        for item in items:
+            q.put(item)
+        next_row = max([last, *(e.row for e in errors if e.row is not None)]) + 1
+        passthrough = table.select(self.passthrough)
+        if self.reuse.write_hash:
+            passthrough = passthrough.append_column(HASH_COLUMN, pa.array(reuse.hashes, pa.uint64()))
+        q.put(WindowEnd(shard, rows, passthrough, errors + pre_errors, next_row, reuse))
+        return next_row, limit
 
     def _produce(self, shards: Sequence[Shard], q: queue.Queue[Any]) -> None:
         try:
@@ -337,20 +346,10 @@ class LocalRunner:
         q: queue.Queue[Any] = queue.Queue(maxsize=self.cfg.runtime.prefetch_batches)
         done: queue.Queue[Any] = queue.Queue(maxsize=2)
         writer_error: list[BaseException] = []
-
-        def write_loop() -> None:
-            while (item := done.get()) is not _STOP:
-                if writer_error:
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    commit(item)
-                except BaseException as exc:
-                    writer_error.append(exc)
-                self.stats.add_time("write", time.perf_counter() - t0)
-
         producer = threading.Thread(target=self._produce, args=(shards, q), name="bulkinfer-read", daemon=True)
-        writer = threading.Thread(target=write_loop, name="bulkinfer-write", daemon=True)
+        writer = threading.Thread(
+            target=self._write_loop, args=(done, commit, writer_error), name="bulkinfer-write", daemon=True
+        )
         producer.start()
         writer.start()
         states: dict[int, ShardState] = {}
@@ -372,28 +371,7 @@ class LocalRunner:
                     break
                 if isinstance(item, Failure):
                     raise item.error
-                key = item.shard if isinstance(item, Batch) else item.shard.index
-                if key not in states:
-                    with self._lock:
-                        states[key] = ShardState(self._reading[key])
-                state = states[key]
-                if isinstance(item, Batch):
-                    self._predict(item, state)
-                elif isinstance(item, WindowEnd):
-                    self.assembler.assemble(state, item)
-                elif isinstance(item, ShardEnd):
-                    del states[key]
-                    with self._lock:
-                        self._reading.pop(key, None)
-                    if item.stop is not None:
-                        state.shard = replace(state.shard, stop=item.stop)
-                    if item.error is not None:
-                        assert item.failed_from is not None
-                        n = item.shard.stop - item.failed_from
-                        state.errors.append(
-                            ErrorRecord.of(item.shard.uri, item.failed_from, "read", item.error, rows=n)
-                        )
-                    done.put(self.assembler.finish(state))
+                self._handle(item, states, done)
         finally:
             self._halt.set()
             _drain(q, producer)
@@ -401,6 +379,43 @@ class LocalRunner:
             writer.join()
         if writer_error:
             raise writer_error[0]
+
+    def _write_loop(self, done: queue.Queue[Any], commit: Emit, writer_error: list[BaseException]) -> None:
+        """The writer thread: commit each finished shard; after a failure, drain without committing."""
+        while (item := done.get()) is not _STOP:
+            if writer_error:
+                continue
+            t0 = time.perf_counter()
+            try:
+                commit(item)
+            except BaseException as exc:
+                writer_error.append(exc)
+            self.stats.add_time("write", time.perf_counter() - t0)
+
+    def _handle(
+        self, item: Batch | WindowEnd | ShardEnd, states: dict[int, ShardState], done: queue.Queue[Any]
+    ) -> None:
+        """One item of the reader's queue: a batch inferred, a window assembled, a shard finished."""
+        key = item.shard if isinstance(item, Batch) else item.shard.index
+        if key not in states:
+            with self._lock:
+                states[key] = ShardState(self._reading[key])
+        state = states[key]
+        if isinstance(item, Batch):
+            self._predict(item, state)
+        elif isinstance(item, WindowEnd):
+            self.assembler.assemble(state, item)
+        else:
+            del states[key]
+            with self._lock:
+                self._reading.pop(key, None)
+            if item.stop is not None:
+                state.shard = replace(state.shard, stop=item.stop)
+            if item.error is not None:
+                assert item.failed_from is not None
+                n = item.shard.stop - item.failed_from
+                state.errors.append(ErrorRecord.of(item.shard.uri, item.failed_from, "read", item.error, rows=n))
+            done.put(self.assembler.finish(state))
 
 
 def _with_timeout(fn: Callable[[], Any], timeout: float) -> Any:

@@ -31,6 +31,33 @@ Pieces = list[tuple[np.ndarray, dict[str, pa.Array]]]
 """Results as (window positions, columns) pairs, in any order."""
 
 
+class _Computed:
+    """The results a window inferred, by window position: where each input's result is, and why
+    an input that has none failed."""
+
+    def __init__(self, computed: Pieces, end: WindowEnd, failed: dict[int, BaseException]) -> None:
+        self.at = np.concatenate([p[0] for p in computed]) if computed else np.empty(0, np.int64)
+        self.cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]} if computed else {}
+        self.order = np.argsort(self.at)
+        self.end, self.failed = end, failed
+        self.pre = {e.row: e for e in end.errors if e.row is not None}
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which ``positions`` were inferred, and their index in ``cols``."""
+        at, order = self.at, self.order
+        loc = np.searchsorted(at[order], positions)
+        ok = loc < len(at)
+        ok[ok] = at[order][loc[ok]] == positions[ok]
+        return ok, order[loc[ok]]
+
+    def why(self, src: int) -> tuple[str, str]:
+        """The stage and message of the failure of the input at window position ``src``."""
+        cause = self.failed.get(src) or self.pre.get(int(self.end.rows[src]))
+        if isinstance(cause, ErrorRecord):
+            return cause.stage, cause.message
+        return "predict", str(cause)
+
+
 @dataclass
 class Batch:
     """One model call's rows, queued by the reader."""
@@ -155,54 +182,44 @@ class Assembler:
         """Fill the slots of the inputs inferred here (for later windows), copy results to the rows
         of this window that repeat an input, and take the results earlier windows computed. A row
         whose source failed fails the same way."""
-        at = np.concatenate([p[0] for p in computed]) if computed else np.empty(0, np.int64)
-        cols = {n: pa.concat_arrays([p[1][n] for p in computed]) for n in computed[0][1]} if computed else {}
-        if cols:
-            self.out_types = self.out_types or {n: c.type for n, c in cols.items()}
-        order = np.argsort(at)
-
-        def locate(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """Which ``positions`` were inferred, and their index in ``cols``."""
-            loc = np.searchsorted(at[order], positions)
-            ok = loc < len(at)
-            ok[ok] = at[order][loc[ok]] == positions[ok]
-            return ok, order[loc[ok]]
-
-        def why(src: int) -> tuple[str, str]:
-            cause = failed.get(src) or pre.get(int(end.rows[src]))
-            if isinstance(cause, ErrorRecord):
-                return cause.stage, cause.message
-            return "predict", str(cause)
-
-        pre = {e.row: e for e in end.errors if e.row is not None}
+        here = _Computed(computed, end, failed)
+        if here.cols:
+            self.out_types = self.out_types or {n: c.type for n, c in here.cols.items()}
         out: Pieces = []
         if end.reuse.owned is not None:
             positions, slots = end.reuse.owned
-            ok, idx = locate(positions)
-            values = {n: c.take(pa.array(idx)).to_pylist() for n, c in cols.items()}
+            ok, idx = here.locate(positions)
+            values = {n: c.take(pa.array(idx)).to_pylist() for n, c in here.cols.items()}
             for j, slot in enumerate(s for s, good in zip(slots, ok, strict=True) if good):
                 slot.values = {n: v[j] for n, v in values.items()}
             for pos, slot, good in zip(positions.tolist(), slots, ok.tolist(), strict=True):
                 if not good:
-                    stage, message = why(pos)
+                    stage, message = here.why(pos)
                     slot.failed = f"{stage}: {message}"
         if end.reuse.dupes is not None:
             dup, src = end.reuse.dupes
-            ok, idx = locate(src)
+            ok, idx = here.locate(src)
             if ok.any():
-                out.append((dup[ok], {n: c.take(pa.array(idx)) for n, c in cols.items()}))
+                out.append((dup[ok], {n: c.take(pa.array(idx)) for n, c in here.cols.items()}))
             for d, s_ in zip(dup[~ok].tolist(), src[~ok].tolist(), strict=True):
-                stage, message = why(s_)
+                stage, message = here.why(s_)
                 self.fail_row(state, end, d, stage, f"same input as row {int(end.rows[s_])}: {message}")
         if end.reuse.deferred is not None:
-            positions, slots = end.reuse.deferred
-            filled = [(p, s.values) for p, s in zip(positions.tolist(), slots, strict=True) if s.values is not None]
-            if filled:
-                rows = np.array([p for p, _ in filled], np.int64)
-                out.append((rows, {n: pa.array([v[n] for _, v in filled], t) for n, t in self.out_types.items()}))
-            for p, s_ in zip(positions.tolist(), slots, strict=True):
-                if s_.values is None:
-                    self.fail_row(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
+            out += self._deferred(end, state)
+        return out
+
+    def _deferred(self, end: WindowEnd, state: ShardState) -> Pieces:
+        """The rows whose input an earlier window computed: its results, or its failure."""
+        assert end.reuse.deferred is not None
+        positions, slots = end.reuse.deferred
+        out: Pieces = []
+        filled = [(p, s.values) for p, s in zip(positions.tolist(), slots, strict=True) if s.values is not None]
+        if filled:
+            rows = np.array([p for p, _ in filled], np.int64)
+            out.append((rows, {n: pa.array([v[n] for _, v in filled], t) for n, t in self.out_types.items()}))
+        for p, s_ in zip(positions.tolist(), slots, strict=True):
+            if s_.values is None:
+                self.fail_row(state, end, p, "predict", f"same input as an earlier row: {s_.failed}")
         return out
 
     def fail_row(self, state: ShardState, end: WindowEnd, pos: int, stage: str, cause: BaseException | str) -> None:

@@ -162,31 +162,35 @@ def _jsonl_slow(
             continue
         good.append(obj)
         rows.append(row)
-    arrays = []
     keep = np.ones(len(good), dtype=bool)
     for col in columns:
-        values = [g[col] for g in good]
-        if col in types:
-            for i, v in enumerate(values):
-                try:
-                    good[i][col] = fit_value(v, types[col])
-                except ValueError:
-                    if keep[i]:
-                        keep[i] = False
-                        bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {types[col]}")
-            continue
-        kinds = Counter(type(v).__name__ for v in values if v is not None)
-        if len(kinds) > 1 and not set(kinds) <= {"int", "float"}:
-            major = kinds.most_common(1)[0][0]
-            for i, v in enumerate(values):
-                if v is not None and type(v).__name__ != major and keep[i]:
-                    keep[i] = False
-                    bad(rows[i], f"field {col!r} is {type(v).__name__}, expected {major}")
+        for i, why in _misfits(good, col, types.get(col)):
+            if keep[i]:
+                keep[i] = False
+                bad(rows[i], why)
     good = [g for g, k in zip(good, keep, strict=True) if k]
     kept_rows = np.array(rows, dtype=np.int64)[keep]
-    for col in columns:
-        arrays.append(pa.array([g[col] for g in good], type=types.get(col)))
+    arrays = [pa.array([g[col] for g in good], type=types.get(col)) for col in columns]
     return pa.Table.from_arrays(arrays, names=list(columns)), kept_rows
+
+
+def _misfits(good: list[dict[str, Any]], col: str, want: pa.DataType | None) -> Iterator[tuple[int, str]]:
+    """The objects whose ``col`` does not fit: not of the column's type in this job (``want``;
+    the objects that fit take the converted value), else not of the kind most objects have."""
+    values = [g[col] for g in good]
+    if want is not None:
+        for i, v in enumerate(values):
+            try:
+                good[i][col] = fit_value(v, want)
+            except ValueError:
+                yield i, f"field {col!r} is {type(v).__name__}, expected {want}"
+        return
+    kinds = Counter(type(v).__name__ for v in values if v is not None)
+    if len(kinds) > 1 and not set(kinds) <= {"int", "float"}:
+        major = kinds.most_common(1)[0][0]
+        for i, v in enumerate(values):
+            if v is not None and type(v).__name__ != major:
+                yield i, f"field {col!r} is {type(v).__name__}, expected {major}"
 
 
 def _read_jsonl(
