@@ -51,7 +51,8 @@ system:
 # environment sets PYTHONDONTWRITEBYTECODE (then nothing else would ever write it)
 test: $(STAMP) system lint docs
 	$(PY) -m compileall -q src tests examples
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+	# every test's time in .ci/junit.xml (the slow ones visible after any run), the 25 slowest printed
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 --junitxml=.ci/junit.xml
 
 bench: $(STAMP)
 	$(PY) bench/bench_run.py 5000 --repeat 3

@@ -43,7 +43,7 @@ def run(n: int, group: int, work: Path) -> float:
     staged = [sink.stage(ShardOutput(s, table), None, tag="w") for s in shards]  # the workers' part
     with Ledger(out) as ledger:
         stats = RunStats(rows_planned=2 * n)
-        committer = Committer(cfg, ledger, sink, stats, {s.index: s.start for s in shards}, 0)
+        committer = Committer(ledger, sink, stats, cfg, {s.index: s.start for s in shards}, 0)
         t0 = time.perf_counter()
         if group == 1:
             for s in staged:

@@ -32,7 +32,7 @@ from machine import describe  # noqa: E402
 
 
 def main() -> None:
-    from bulkinfer.engines.ort_engine import _build, cache_entry
+    from bulkinfer.engines.ort_engine import build_entry, cache_entry
     from bulkinfer.precision.gate import run_adapter
 
     from helpers import make_catalog
@@ -54,7 +54,7 @@ def main() -> None:
             entry = work / "int8"
             shutil.rmtree(entry, ignore_errors=True)
             t0 = time.perf_counter()
-            _build(model_dir, "int8", entry, fp32_entry)
+            build_entry(model_dir, "int8", entry, fp32_entry)
             return time.perf_counter() - t0
 
         def reference() -> float:

@@ -35,6 +35,16 @@ def minilm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny(tmp_path_factory, minilm_path) -> Path:
+    """A tiny random-weight BERT in sentence-transformers layout (MiniLM's tokenizer and pooling,
+    2 layers of width 32; helpers.tiny_st_model), built once per session: fast to export, quantize
+    and search. Read only: a test that changes it works on a copy."""
+    from helpers import tiny_st_model
+
+    return tiny_st_model(tmp_path_factory.mktemp("tiny-st") / "tiny", minilm_path)
+
+
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
     """A real redis-server for the session (tests use their own key prefixes)."""
     from services import RedisServer

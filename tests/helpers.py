@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -31,12 +32,13 @@ def tabular_table(n: int, seed: int = 0, start: int = 0) -> pa.Table:
     )
 
 
-def job_config(out: Path, paths: list[Path], **extra: object):
-    """A job over ``paths`` into ``out`` with ids in ``id``, no progress display, and ``extra``
-    (dotted settings)."""
+def job_config(out: Path | str, paths: Sequence[Path | str], **extra: object):
+    """The suite's one config builder: a job over ``paths`` (none: set by ``extra``) into ``out``
+    with ids in ``id``, no progress display, and ``extra`` (dotted settings; None leaves a setting
+    at its default, as a flag not given does)."""
     from bulkinfer import load_config
 
-    base = {"source.paths": [str(p) for p in paths], "source.id_column": "id", "sink.path": str(out),
+    base = {"source.paths": [str(p) for p in paths] or None, "source.id_column": "id", "sink.path": str(out),
             "execution.progress": "none"}  # fmt: skip
     return load_config(overrides={**base, **extra})
 

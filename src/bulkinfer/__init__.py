@@ -11,8 +11,10 @@ from .adapters.image import ImageAdapter
 from .config import JobConfig, load_config
 from .core.errors import (
     BulkinferError,
+    CheckFailed,
     ClusterError,
     ConfigError,
+    CostLimitReached,
     ErrorBudgetExceeded,
     Interrupted,
     JobMismatchError,
@@ -29,8 +31,10 @@ from .outputs.status import inspect_output
 __all__ = [
     "Adapter",
     "BulkinferError",
+    "CheckFailed",
     "ClusterError",
     "ConfigError",
+    "CostLimitReached",
     "ErrorBudgetExceeded",
     "ImageAdapter",
     "Interrupted",

@@ -324,7 +324,7 @@ def execute(
     failed_before = left.failed_rows + len(plan.input_errors)
     exports, route_targets = exports or [], route_targets or {}
     routes = compile_routes(cfg)
-    committer = Committer(cfg, ledger, sink, stats, plan.planned_starts, failed_before, exports, routes=routes,
+    committer = Committer(ledger, sink, stats, cfg, plan.planned_starts, failed_before, exports=exports, routes=routes,
                           route_targets=route_targets, stamp=part_stamp(cfg, job.model, plan))  # fmt: skip
     if retry_errors:
         passes, backend = _retry_passes(ledger, sink, stats, plan, committer), "local"  # a few files: no cluster
@@ -367,7 +367,7 @@ def _retry_passes(ledger: OutputLedger, sink: Sink, stats: RunStats, plan: JobPl
     log.info("retrying %d failed row(s) from %d error file(s)", sum(len(u.rows) for u in units), len(units))
     stats.rows_planned = stats.rows_already_done = 0
     return [
-        ([u.shard], RetryCommitter(ledger, sink, stats, u, committer.exports, routes=committer.routes,
+        ([u.shard], RetryCommitter(ledger, sink, stats, u, exports=committer.exports, routes=committer.routes,
                                    route_targets=committer.route_targets, stamp=committer.stamp), u.rows)
         for u in units
     ]  # fmt: skip

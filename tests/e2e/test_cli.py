@@ -164,12 +164,12 @@ def test_a_gpu_job_on_a_machine_without_one_is_one_line_and_writes_nothing(tmp_p
     assert not list((tmp_path / "out").glob("part-*"))
 
 
-def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path, minilm_path):
+def test_the_log_is_bulkinfers_lines_not_the_libraries_progress_chatter(tmp_path, tiny):
     """Building an int8 model drives onnxruntime's quantizer, which logs dozens of INFO lines
     (one per tensor); the job's log keeps bulkinfer's own lines and the libraries' warnings."""
-    from helpers import make_catalog, tiny_st_model
+    from helpers import make_catalog
 
-    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    model = tiny
     write(make_catalog(40), tmp_path / "in.parquet")
     proc = cli("run", "-i", "in.parquet", "-m", str(model), "--text-column", "description", "--id-column", "id",
                "-o", "out", "--progress", "none", "--set", "runtime.precision=int8", "--set", "runtime.quality_floor=0.5",

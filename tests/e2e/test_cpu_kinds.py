@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, make_catalog, read_output, tiny_st_model, write
+from helpers import cli, make_catalog, read_output, write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,13 +41,6 @@ def avx2_env() -> dict[str, str]:
     finally:
         sys.path.remove(str(ROOT / "bench"))
     return environ()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_path) -> Path:
-    """A tiny random-weight BERT (MiniLM's tokenizer): what is tested is which build each machine
-    kind gets and what it is told, not MiniLM's int8 quality (bench/bench_run.py measures that)."""
-    return tiny_st_model(tmp_path_factory.mktemp("cpu-kinds") / "tiny", minilm_path)
 
 
 def _claimed() -> list[str]:

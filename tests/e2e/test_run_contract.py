@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.core.errors import Interrupted
 
-from helpers import cli, read_output, stop_after_commits, tabular_table, write
+from helpers import cli, job_config, read_output, stop_after_commits, tabular_table, write
 
 MODELS = textwrap.dedent("""
     import os
@@ -96,14 +96,7 @@ def models(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, paths, **extra):
-    return load_config(
-        overrides={
-            "source.paths": [str(p) for p in paths],
-            "sink.path": str(tmp_path / "out"),
-            "execution.progress": "none",
-            **extra,
-        }
-    )
+    return job_config(tmp_path / "out", paths, **{"source.id_column": None, **extra})
 
 
 def test_a_second_signal_exits_at_once_and_nothing_half_written_is_visible(tmp_path, models):

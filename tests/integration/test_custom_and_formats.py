@@ -7,9 +7,9 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 
-from helpers import read_output, tabular_table, write
+from helpers import job_config, read_output, tabular_table, write
 
 ADAPTER_SRC = textwrap.dedent("""
     import numpy as np
@@ -53,15 +53,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, paths, **extra):
-    base = {
-        "source.paths": paths,
-        "source.id_column": "id",
-        "sink.path": str(tmp_path / "out"),
-        "source.shard_rows": 300,
-        "execution.progress": "none",
-        "runtime.batch_size": 64,
-    }
-    return load_config(overrides={**base, **extra})
+    return job_config(tmp_path / "out", paths, **{"source.shard_rows": 300, "runtime.batch_size": 64, **extra})
 
 
 def test_adapter_subclass_with_options(tmp_path, user_module):

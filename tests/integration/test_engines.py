@@ -43,14 +43,12 @@ def _emb(corpus, out):
     return np.stack(read_output(corpus / out).sort_by("id")["embedding"].to_numpy(zero_copy_only=False))
 
 
-def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_path, minilm_path):
+def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_path, tiny):
     """MiniLM through onnxruntime equals torch (the session's compile cache: exported once for
     the suite); a fresh cache, on a tiny model in the same layout (the same export, seconds
     cheaper), is built once, reused, and never taken for a changed model."""
     from bulkinfer.adapters import resolve_model
     from bulkinfer.engines.ort_engine import cache_entry
-
-    from helpers import tiny_st_model
 
     session_cache = Path(os.environ["BULKINFER_CACHE"])
     torch_run = _run(corpus, "torch", session_cache, **{"runtime.engine": "torch"})
@@ -60,7 +58,6 @@ def test_ort_matches_torch_and_the_cache_is_reused_and_invalidated(corpus, tmp_p
     figures = compare_embeddings(_emb(corpus, "torch"), _emb(corpus, "ort"))
     assert figures["min_cosine"] >= 0.9999 and figures["top10_overlap"] >= 0.99
 
-    tiny = tiny_st_model(tmp_path / "tiny", minilm_path)
     cache = tmp_path / "cache"
     first = _run(corpus, "tiny", cache, **{"model.name": str(tiny)})
     entries = list((cache / "onnx").iterdir())

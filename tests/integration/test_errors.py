@@ -11,7 +11,7 @@ import pytest
 
 from bulkinfer import ErrorBudgetExceeded, load_config, run_job
 
-from helpers import read_output, tabular_table, write
+from helpers import job_config, read_output, tabular_table, write
 
 FLAKY = textwrap.dedent('''
     from bulkinfer import Adapter
@@ -57,17 +57,9 @@ def flaky(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, **extra):
-    base = {
-        "source.paths": [str(tmp_path / "in.parquet")],
-        "model.name": "flaky:Picky",
-        "source.id_column": "id",
-        "sink.path": str(tmp_path / "out"),
-        "source.shard_rows": 250,
-        "runtime.batch_size": 64,
-        "execution.progress": "none",
-        "execution.max_error_rate": 0.01,
-    }
-    return load_config(overrides={**base, **extra})
+    base = {"model.name": "flaky:Picky", "source.shard_rows": 250, "runtime.batch_size": 64,
+            "execution.max_error_rate": 0.01}  # fmt: skip
+    return job_config(tmp_path / "out", [tmp_path / "in.parquet"], **{**base, **extra})
 
 
 def _errors(out):

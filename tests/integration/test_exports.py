@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bulkinfer import OutputError, load_config, run_job
+from bulkinfer import OutputError, run_job
 
-from helpers import BULKINFER, cli, read_output, wait_commits, write
+from helpers import BULKINFER, cli, job_config, read_output, wait_commits, write
 
 MODEL = """
 import os
@@ -52,17 +52,9 @@ def job(tmp_path, monkeypatch):
     sys.modules.pop("model", None)
 
     def config(out: str = "out", **overrides):
-        base = {
-            "source.paths": ["in.parquet"],
-            "source.id_column": "id",
-            "source.shard_rows": 50,
-            "model.name": "model:embed",
-            "model.feature_columns": ["x"],
-            "runtime.batch_size": 25,
-            "sink.path": out,
-            "execution.progress": "none",
-        }
-        return load_config(overrides={**base, **overrides})
+        base = {"source.shard_rows": 50, "model.name": "model:embed", "model.feature_columns": ["x"],
+                "runtime.batch_size": 25}  # fmt: skip
+        return job_config(out, ["in.parquet"], **{**base, **overrides})
 
     return config
 

@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bulkinfer import BulkinferError, load_config, run_job
+from bulkinfer import BulkinferError, run_job
 from bulkinfer.commit.ledger import Ledger
 from bulkinfer.core.errors import OutputError
 
-from helpers import write
+from helpers import job_config, write
 
 MODEL = """
 import numpy as np
@@ -44,11 +44,9 @@ def job(tmp_path, monkeypatch):
     write(pa.table({"id": np.arange(300), "x": x}), tmp_path / "in.parquet")
 
     def cfg(**overrides):
-        base = {"source.paths": ["in.parquet"], "source.id_column": "id", "source.shard_rows": 100,
-                "model.name": "failmodel:score", "model.feature_columns": ["x"], "sink.path": "out",
-                "execution.progress": "none",
+        base = {"source.shard_rows": 100, "model.name": "failmodel:score", "model.feature_columns": ["x"],
                 "export": [{"kind": "folder", "path": "copy"}]}  # fmt: skip
-        return load_config(overrides={**base, **overrides})
+        return job_config("out", ["in.parquet"], **{**base, **overrides})
 
     return cfg, tmp_path / "out"
 

@@ -16,13 +16,6 @@ from bulkinfer.core.hardware import int8_scheme
 from bulkinfer.engines.int8 import layer_groups
 from bulkinfer.engines.ort_engine import OrtEngine, _export, _fusable, _fuse
 
-from helpers import tiny_st_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_path) -> Path:
-    return tiny_st_model(tmp_path_factory.mktemp("fused") / "tiny", minilm_path)
-
 
 def _engine(model: Path, cache: Path, precision: str, keep: tuple[str, ...] = ()) -> OrtEngine:
     return OrtEngine(

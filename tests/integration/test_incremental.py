@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.core.errors import ConfigError, Interrupted
 
-from helpers import cli, read_output, stop_after_commits, tabular_table, write
+from helpers import cli, job_config, read_output, stop_after_commits, tabular_table, write
 
 MODELS = textwrap.dedent("""
     import os
@@ -60,10 +60,8 @@ def models(tmp_path, monkeypatch):
 
 
 def config(tmp_path, inp, out, **extra):
-    return load_config(overrides={
-        "source.paths": [str(tmp_path / inp)], "model.name": "incmodels:Scored", "source.id_column": "id",
-        "sink.path": str(tmp_path / out), "source.shard_rows": 150, "runtime.batch_size": 32,
-        "execution.progress": "none", **extra,
+    return job_config(tmp_path / out, [tmp_path / inp], **{
+        "model.name": "incmodels:Scored", "source.shard_rows": 150, "runtime.batch_size": 32, **extra,
     })  # fmt: skip
 
 

@@ -14,19 +14,19 @@ import pytest
 from bulkinfer import QualityGateError, load_config, run_job
 from bulkinfer.engines.int8 import OUTLIERS
 
-from helpers import make_catalog, read_output, tiny_st_model, write
+from helpers import make_catalog, read_output, write
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_path):
-    d = tmp_path_factory.mktemp("tiny-st")
-    model = tiny_st_model(d / "tiny", minilm_path)
+def tiny_job(tmp_path_factory, tiny):
+    d = tmp_path_factory.mktemp("tiny-job")
+    model = tiny
     write(make_catalog(120, seed=4), d / "in.parquet")
     return d, model
 
 
-def run(tiny, out, **extra):
-    d, model = tiny
+def run(tiny_job, out, **extra):
+    d, model = tiny_job
     cfg = load_config(overrides={
         "source.paths": [str(d / "in.parquet")], "model.name": str(model), "model.text_column": "description",
         "source.id_column": "id", "sink.path": str(d / out), "runtime.precision": "int8",
@@ -36,10 +36,10 @@ def run(tiny, out, **extra):
     return run_job(cfg)
 
 
-def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them(tiny):
-    full = run(tiny, "full", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them(tiny_job):
+    full = run(tiny_job, "full", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
     floor = round(full + (1 - full) / 2, 6)  # halfway from full int8 to fp32
-    first = run(tiny, "first", **{"runtime.quality_floor": floor})
+    first = run(tiny_job, "first", **{"runtime.quality_floor": floor})
     q = first.report["quality"]
     keep = q["int8_fp32_groups"]
     assert q["passed"] and q["mean_cosine"] >= floor and q["full_int8_mean_cosine"] == full
@@ -55,16 +55,16 @@ def test_the_search_keeps_the_fewest_blocks_in_fp32_and_the_next_job_reuses_them
     fewer = [s for s in q["int8_search"] if s["fp32_groups"] < len(keep)]
     assert not any(s["passed"] for s in fewer)  # no smaller set passed (full int8 did not: full < floor)
     assert first.report["rows_out"] == 120
-    second = run(tiny, "second", **{"runtime.quality_floor": floor})  # cached: no search
+    second = run(tiny_job, "second", **{"runtime.quality_floor": floor})  # cached: no search
     assert "int8_search" not in second.report["quality"] and second.report["quality"]["passed"]
     assert second.report["quality"]["int8_fp32_groups"] == keep
-    a, b = read_output(tiny[0] / "first").sort_by("id"), read_output(tiny[0] / "second").sort_by("id")
+    a, b = read_output(tiny_job[0] / "first").sort_by("id"), read_output(tiny_job[0] / "second").sort_by("id")
     assert a["embedding"].to_pylist() == b["embedding"].to_pylist()  # the same blocks kept in fp32
 
 
-def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
+def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny_job):
     with pytest.raises(QualityGateError) as err:
-        run(tiny, "strict", **{"runtime.quality_floor": 0.99999999})
+        run(tiny_job, "strict", **{"runtime.quality_floor": 0.99999999})
     msg = str(err.value)
     assert "even with its most sensitive parts kept in fp32" in msg and "floor 0.99999999" in msg
     steps = err.value.figures["int8_search"]
@@ -73,7 +73,7 @@ def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny):
     counts = [1, 1, 2, 4, 5] if err.value.figures.get("int8_search_dropped") else [1, 2, 4, 6]
     assert [s["fp32_groups"] for s in steps] == counts and not any(s["passed"] for s in steps)
     assert "outlier channels in fp32: " in msg and "blocks in fp32: " in msg
-    assert not list((tiny[0] / "strict").glob("part-*"))  # nothing written
+    assert not list((tiny_job[0] / "strict").glob("part-*"))  # nothing written
 
 
 def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_alone(tiny, tmp_path, monkeypatch):
@@ -87,12 +87,12 @@ def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_a
         order, score, floor, None if baseline is None else 1.0, without_first))  # fmt: skip
     from bulkinfer.precision import gate
 
-    full = run(tiny, "full-2", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+    full = run(tiny_job, "full-2", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
     floor = round(full + (1 - full) / 2, 6)
     fp32_passes = []  # the fp32 reference runs once: the search reuses the failed gate's
     real_run = gate.run_adapter
     monkeypatch.setattr(gate, "run_adapter", lambda *a, **k: fp32_passes.append(1) or real_run(*a, **k))
-    got = run(tiny, "blocks", **{"runtime.quality_floor": floor, "runtime.cache_dir": str(tmp_path / "cache")})
+    got = run(tiny_job, "blocks", **{"runtime.quality_floor": floor, "runtime.cache_dir": str(tmp_path / "cache")})
     assert len(fp32_passes) == 1
     q = got.report["quality"]
     assert q["passed"] and q["mean_cosine"] >= floor and q["int8_search_dropped"] == [OUTLIERS]
@@ -124,7 +124,7 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
         "runtime.cache_dir": str(d / "cache-tune"),
         "execution.progress": "none",
     }
-    full = run(tiny, "full-tune", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
+    full = run(tiny_job, "full-tune", **{"runtime.quality_floor": -1.0}).report["quality"]["mean_cosine"]
     floor = round(full + (1 - full) / 2, 6)
     cfg = load_config(overrides={**base, "runtime.quality_floor": floor})
     result = tune(cfg, 64, (16,), precisions=(("onnxruntime", "fp32"), ("onnxruntime", "int8")))
@@ -160,7 +160,7 @@ def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny
     caplog.set_level(logging.INFO, logger="bulkinfer")
     overrides = {"runtime.precision": "auto", "runtime.cache_dir": str(d / "cache-calibrate"),
                  "runtime.quality_floor": -1.0}  # fmt: skip
-    first = run(tiny, "calibrated", **overrides)
+    first = run(tiny_job, "calibrated", **overrides)
     cfg = load_config(overrides={"model.name": str(model), "runtime.cache_dir": str(d / "cache-calibrate")})
     kept = json.loads(results_path(cfg, resolve(cfg)).read_text())["candidates"]
     measured = {(c["engine"], c["precision"]) for c in kept}
@@ -172,7 +172,7 @@ def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny
     assert len(said) == 2 and "calibrating" in said[0] and f"on {CALIBRATION_ROWS} rows" in said[0]
     assert f"calibrated now on {CALIBRATION_ROWS} rows" in said[1]
     caplog.clear()
-    second = run(tiny, "again", **overrides)  # kept: no calibration the second time
+    second = run(tiny_job, "again", **overrides)  # kept: no calibration the second time
     said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
     assert len(said) == 1 and "measured by bulkinfer tune" in said[0]
     assert (second.report["engine"], second.report["precision"]) == (best["engine"], best["precision"])
@@ -182,13 +182,13 @@ def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny
     other = next(c for c in kept if (c["engine"], c["precision"]) != (best["engine"], best["precision"]))
     path.write_text(json.dumps({"candidates": [{**other, "passed": True, "rows_per_s": 1e9}]}))
     caplog.clear()
-    rerun = run(tiny, "again", **overrides)  # the finished output: resumed, not refused as a changed job
+    rerun = run(tiny_job, "again", **overrides)  # the finished output: resumed, not refused as a changed job
     said = [r.getMessage() for r in caplog.records if "runtime.precision = auto" in r.getMessage()]
     assert said == [f"runtime.precision = auto: {best['precision']} on {best['engine']}, as chosen by the run this "
                     f"one resumes ({d / 'again'})"]  # fmt: skip
     assert (rerun.report["engine"], rerun.report["precision"]) == (best["engine"], best["precision"])
     assert rerun.report["rows_out"] == 0 and rerun.report["output_rows"] == 120
-    fresh = run(tiny, "fresh", **overrides)  # a new output takes the new measurement
+    fresh = run(tiny_job, "fresh", **overrides)  # a new output takes the new measurement
     assert (fresh.report["engine"], fresh.report["precision"]) == (other["engine"], other["precision"])
 
 
@@ -208,9 +208,9 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
     import logging
 
     caplog.set_level(logging.INFO, logger="bulkinfer")
-    gates = tiny[0] / "cache" / "gates"
+    gates = tiny_job[0] / "cache" / "gates"
     before = set(gates.glob("*.json")) if gates.is_dir() else set()
-    report = run(tiny, "kept-1", **{"runtime.quality_floor": -0.7}).report
+    report = run(tiny_job, "kept-1", **{"runtime.quality_floor": -0.7}).report
     first = report["quality"]
     assert first["passed"] and first["cached"] is False and first["gate_s"] > 0
     split = report["setup_split"]  # where the set-up went, the gate's share among it
@@ -225,14 +225,14 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
     assert report["reuse"]["rows_inferred"] == 120 - 64
     kept = set(gates.glob("*.json")) - before
     assert len(kept) == 1
-    second = run(tiny, "kept-2", **{"runtime.quality_floor": -0.7}).report
+    second = run(tiny_job, "kept-2", **{"runtime.quality_floor": -0.7}).report
     again = second["quality"]
     assert again["cached"] is True and again["gate_s"] < first["gate_s"]
     assert second["reuse"]["rows_from_gate"] == 0 and second["reuse"]["rows_inferred"] == 120  # no gate ran
     # the rows taken from the gate are its sample's (the first 64 of the one shard), each in its
     # place: against an fp32 run they give exactly the gate's figures
-    run(tiny, "kept-fp32", **{"runtime.precision": "fp32"})
-    a, ref = (read_output(tiny[0] / out).sort_by("id") for out in ("kept-1", "kept-fp32"))
+    run(tiny_job, "kept-fp32", **{"runtime.precision": "fp32"})
+    a, ref = (read_output(tiny_job[0] / out).sort_by("id") for out in ("kept-1", "kept-fp32"))
     assert a["id"].to_pylist() == ref["id"].to_pylist() == list(range(120))
     x, y = (np.array(t["embedding"].to_pylist()[:64], dtype=np.float64) for t in (a, ref))
     cos = (x * y).sum(axis=1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
@@ -241,7 +241,7 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
         k: first[k] for k in ("rows", "mean_cosine", "min_cosine")
     }
     assert sum("passed on this machine kind" in r.getMessage() for r in caplog.records) == 1
-    other_floor = run(tiny, "kept-3", **{"runtime.quality_floor": -0.8}).report["quality"]
+    other_floor = run(tiny_job, "kept-3", **{"runtime.quality_floor": -0.8}).report["quality"]
     assert other_floor["cached"] is False
     write(make_catalog(120, seed=5), tmp_path / "other.parquet")
     other_rows = run(
@@ -250,5 +250,5 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
     assert other_rows.report["quality"]["cached"] is False
     assert len(set(gates.glob("*.json")) - before) == 3
     with pytest.raises(QualityGateError):
-        run(tiny, "kept-5", **{"runtime.quality_floor": 0.999999, "runtime.int8_fp32_groups": []})
+        run(tiny_job, "kept-5", **{"runtime.quality_floor": 0.999999, "runtime.int8_fp32_groups": []})
     assert len(set(gates.glob("*.json")) - before) == 3  # a refusal is not kept

@@ -18,10 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import attr
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.core.errors import ErrorBudgetExceeded
 
-from helpers import BULKINFER, tabular_table, train_classifier, wait_commits, write
+from helpers import BULKINFER, job_config, tabular_table, train_classifier, wait_commits, write
 
 
 class Receiver:
@@ -95,11 +95,9 @@ def validate(event: dict) -> None:
 
 
 def cfg_for(tmp_path, receiver, out="out", **extra):
-    return load_config(overrides={
-        "source.paths": [str(tmp_path / "in.parquet")], "model.name": str(tmp_path / "m.joblib"),
-        "source.id_column": "id", "sink.path": str(tmp_path / out), "source.shard_rows": 300,
-        "execution.progress": "none", "lineage.url": receiver.url, "lineage.file": str(tmp_path / "events.jsonl"),
-        "cost.labels": {"team": "risk", "model": "rf-v3"}, **extra,
+    return job_config(tmp_path / out, [tmp_path / "in.parquet"], **{
+        "model.name": str(tmp_path / "m.joblib"), "source.shard_rows": 300, "lineage.url": receiver.url,
+        "lineage.file": str(tmp_path / "events.jsonl"), "cost.labels": {"team": "risk", "model": "rf-v3"}, **extra,
     })  # fmt: skip
 
 

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import LockedError, OutputError, load_config, run_job
+from bulkinfer import LockedError, OutputError, run_job
 
-from helpers import BULKINFER, race, write
+from helpers import BULKINFER, job_config, race, write
 
 MODEL = """
 import os
@@ -49,17 +49,9 @@ def s3job(tmp_path, monkeypatch, s3_server):
     bucket = s3_server.bucket(f"b{uuid.uuid4().hex[:10]}")
 
     def config(path: str = "out", **overrides):
-        base = {
-            "source.paths": ["in.parquet"],
-            "source.id_column": "id",
-            "source.shard_rows": 50,
-            "model.name": "s3model:embed",
-            "model.feature_columns": ["x"],
-            "sink.path": f"s3://{bucket}/{path}",
-            "sink.storage_options": s3_server.options,
-            "execution.progress": "none",
-        }
-        return load_config(overrides={**base, **overrides})
+        base = {"source.shard_rows": 50, "model.name": "s3model:embed", "model.feature_columns": ["x"],
+                "sink.storage_options": s3_server.options}  # fmt: skip
+        return job_config(f"s3://{bucket}/{path}", ["in.parquet"], **{**base, **overrides})
 
     return config, bucket
 

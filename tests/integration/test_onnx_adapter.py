@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bulkinfer import ConfigError, load_config, run_job
+from bulkinfer import ConfigError, run_job
 
-from helpers import read_output, tabular_table, write
+from helpers import job_config, read_output, tabular_table, write
 
 W = np.array([[0.5], [-1.0], [2.0]], dtype=np.float32)
 
@@ -32,14 +32,7 @@ def _adder(path):
 
 
 def _cfg(tmp_path, **extra):
-    base = {
-        "source.paths": [str(tmp_path / "in.parquet")],
-        "source.id_column": "id",
-        "sink.path": str(tmp_path / "out"),
-        "execution.progress": "none",
-        "source.shard_rows": 200,
-    }
-    return load_config(overrides={**base, **extra})
+    return job_config(tmp_path / "out", [tmp_path / "in.parquet"], **{"source.shard_rows": 200, **extra})
 
 
 def test_one_matrix_input_from_feature_columns(tmp_path):

@@ -6,7 +6,6 @@ GPU runs here; the GPU itself is bench/gpu/check.py's."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -14,14 +13,7 @@ import pytest
 
 from bulkinfer.config import load_config
 from bulkinfer.core.errors import ConfigError, ModelError
-from bulkinfer.engines.ort_engine import OrtEngine, _build, cache_entry, started, tensorrt_options
-
-from helpers import tiny_st_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_path) -> Path:
-    return tiny_st_model(tmp_path_factory.mktemp("providers") / "tiny", minilm_path)
+from bulkinfer.engines.ort_engine import OrtEngine, build_entry, cache_entry, started, tensorrt_options
 
 
 @pytest.mark.parametrize(("tensorrt", "precision"), [((256, 128), "fp16"), (None, "fp32")])
@@ -55,7 +47,7 @@ def test_a_session_that_fell_back_from_the_provider_asked_for_is_refused(tiny, t
     assert "pip install tensorrt" in msg and "runtime.tensorrt = false" in msg
     # a real fallback: asked for CUDA where onnxruntime cannot run it, it only warns and runs on the CPU
     entry = cache_entry(tmp_path, "d", "fp32")
-    _build(str(tiny), "fp32", entry)
+    build_entry(str(tiny), "fp32", entry)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         session = ort.InferenceSession(
@@ -90,8 +82,8 @@ def test_the_tensorrt_graph_is_the_plain_export_in_its_own_entry_and_gives_the_f
 
     plain, fused = cache_entry(tmp_path, "d", "fp32", fuse=False), cache_entry(tmp_path, "d", "fp32")
     assert plain != fused
-    _build(str(tiny), "fp32", plain, fuse=False)
-    _build(str(tiny), "fp32", fused)
+    build_entry(str(tiny), "fp32", plain, fuse=False)
+    build_entry(str(tiny), "fp32", fused)
     assert "fused" not in json.loads((plain / "meta.json").read_text())
     assert json.loads((fused / "meta.json").read_text())["fused"]["Attention"] == 2
     ops = {node.op_type for node in onnx.load(str(plain / "model.onnx")).graph.node}

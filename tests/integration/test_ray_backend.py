@@ -152,7 +152,7 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path, local_ray, user_module)
     ledger = Ledger(out)
     ledger.acquire()
     stats = RunStats(rows_planned=200)
-    committer = Committer(cfg, ledger, make_sink(cfg), stats, {s.index: s.start for s in shards}, failed_before=0)
+    committer = Committer(ledger, make_sink(cfg), stats, cfg, {s.index: s.start for s in shards}, failed_before=0)
     from bulkinfer.runners.ray import RayRunner
 
     runner = RayRunner(cfg, build_adapter(cfg, resolve_model(cfg)), stats, threading.Event())
@@ -400,7 +400,7 @@ def test_a_stalled_worker_is_presumed_dead_its_shard_redone_and_its_late_result_
     assert table["y"].to_pylist() == [2 * i for i in range(rows)]
 
 
-def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, minilm_path, local_ray, monkeypatch,
+def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, tiny, local_ray, monkeypatch,
                                                                      caplog):  # fmt: skip
     """A GPU job's driver often runs on a CPU head node: the gate (which needs the model on the
     job's device) then runs on a worker started for it, and its figures, or its refusal, come
@@ -412,9 +412,7 @@ def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, mi
     from bulkinfer.adapters.text import TextEmbeddingAdapter
     from bulkinfer.runners.ray import RayRunner
 
-    from helpers import tiny_st_model
-
-    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    model = tiny
     write(make_catalog(120, seed=4), tmp_path / "in.parquet")
 
     def run(out, **extra):
@@ -449,7 +447,7 @@ def test_a_driver_without_the_jobs_device_runs_the_gate_on_a_worker(tmp_path, mi
     assert not list((tmp_path / "refused-worker").glob("part-*"))
 
 
-def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worker(tmp_path, minilm_path, local_ray,
+def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worker(tmp_path, tiny, local_ray,
                                                                                    monkeypatch, caplog):  # fmt: skip
     """precision = auto on a GPU job's CPU-only driver: a worker, which has the device, reads the
     tune results of its machine kind or calibrates once and keeps them in its cache; the driver
@@ -461,9 +459,7 @@ def test_precision_auto_on_a_driver_without_the_jobs_device_is_chosen_on_a_worke
     from bulkinfer.core import hardware
     from bulkinfer.precision import tune
 
-    from helpers import tiny_st_model
-
-    model = tiny_st_model(tmp_path / "tiny", minilm_path)
+    model = tiny
     write(make_catalog(200, seed=5), tmp_path / "in.parquet")
 
     def nothing_here(*args, **kwargs):

@@ -9,17 +9,16 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.core.errors import Interrupted, JobMismatchError, SourceError
 
-from helpers import read_output, stop_after_commits, tabular_table, train_classifier
+from helpers import job_config, read_output, stop_after_commits, tabular_table, train_classifier
 
 
 def cfg_for(tmp_path, out, **extra):
-    return load_config(overrides={
-        "model.name": str(tmp_path / "m.joblib"), "source.id_column": "id", "sink.path": str(tmp_path / out),
-        "source.shard_rows": 100, "execution.progress": "none", **extra,
-    })  # fmt: skip
+    return job_config(
+        tmp_path / out, [], **{"model.name": str(tmp_path / "m.joblib"), "source.shard_rows": 100, **extra}
+    )
 
 
 def ids(out):

@@ -43,7 +43,7 @@ def test_a_call_of_several_shards_answers_each_and_a_failure_keeps_those_before_
     assert [(s.start, s.stop) for s in shards] == [(0, 10), (10, 20), (20, 30), (30, 40)]
     ledger = Ledger(out)
     ledger.acquire()
-    committer = Committer(cfg, ledger, make_sink(cfg), RunStats(rows_planned=40), {}, failed_before=0)
+    committer = Committer(ledger, make_sink(cfg), RunStats(rows_planned=40), cfg, {}, failed_before=0)
     build_adapter(cfg, resolve_model(cfg))  # the driver's check that the model resolves
     worker = Worker(cfg.model_dump(mode="json"), os.getcwd(), list(sys.path))
     assert worker.error is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 
-from bulkinfer.cli.run import _FIELDS, overrides, run
+from bulkinfer.cli.run import FLAG_FIELDS, overrides, run
 from bulkinfer.config import JobConfig
 
 NOT_FIELDS = {"config", "set_", "retry_errors", "quiet"}  # the file, --set, the retry source, logging
@@ -17,8 +17,8 @@ def _flags(**given):
 
 
 def test_every_flag_of_run_sets_a_config_field_that_exists():
-    assert set(inspect.signature(run).parameters) - NOT_FIELDS == set(_FIELDS)
-    for field in _FIELDS.values():
+    assert set(inspect.signature(run).parameters) - NOT_FIELDS == set(FLAG_FIELDS)
+    for field in FLAG_FIELDS.values():
         section, _, name = field.partition(".")
         assert section in JobConfig.model_fields, field
         sub = JobConfig.model_fields[section].annotation

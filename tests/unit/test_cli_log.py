@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from bulkinfer.cli import _LineFormat
+from bulkinfer.cli import LineFormat
 
 SITE = "/x/.venv/lib/python3.11/site-packages"
 
@@ -22,4 +22,4 @@ SITE = "/x/.venv/lib/python3.11/site-packages"
 )
 def test_bulkinfers_lines_are_its_own_and_a_librarys_name_the_library(name, path, line):
     record = logging.LogRecord(name, logging.WARNING, path, 1, "disk %s", ("full",), None)
-    assert _LineFormat().format(record) == line
+    assert LineFormat().format(record) == line

@@ -62,7 +62,7 @@ def _setup(tmp_path, n=250, shard_rows=60, fmt="jsonl", **runtime):
     ledger = Ledger(tmp_path / "out")
     ledger.private.mkdir()
     stats = RunStats(rows_planned=n)
-    committer = Committer(cfg, ledger, sink, stats, {s.index: s.start for s in shards}, failed_before=0)
+    committer = Committer(ledger, sink, stats, cfg, {s.index: s.start for s in shards}, failed_before=0)
     return cfg, shards, sink, ledger, stats, committer
 
 
@@ -115,7 +115,7 @@ def test_a_stop_commits_the_rows_read_and_the_rerun_does_only_the_rest(tmp_path)
     assert [(s.index, s.start, s.stop) for s in todo] == [(0, first[0].stop, 200)]
     # the rerun: a fresh runner over the tail; its part is named by its start
     stats2 = RunStats(rows_planned=200)
-    again = Committer(cfg, ledger, sink, stats2, {s.index: s.start for s in shards}, failed_before=0)
+    again = Committer(ledger, sink, stats2, cfg, {s.index: s.start for s in shards}, failed_before=0)
     LocalRunner(cfg, Doubler(), stats2, threading.Event()).run(todo, again)
     names = sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("part-"))
     assert names == ["part-00000.parquet", f"part-00000_{first[0].stop:010d}.parquet"]

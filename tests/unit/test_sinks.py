@@ -81,7 +81,7 @@ def _group(tmp_path, n: int):
     ledger = Ledger(tmp_path / "out")
     ledger.acquire()
     stats = RunStats(rows_planned=2 * n)
-    return sink, ledger, Committer(cfg, ledger, sink, stats, {s.index: s.start for s in shards}, 0), staged
+    return sink, ledger, Committer(ledger, sink, stats, cfg, {s.index: s.start for s in shards}, 0), staged
 
 
 def _visible(tmp_path) -> set[str]:

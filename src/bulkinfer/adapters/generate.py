@@ -49,7 +49,15 @@ from ..llm.openai_api import (
 from ..llm.prompts import chat_prompt, message_columns, render, template_columns
 from .base import Adapter, RowsRejected, SetupContext
 
-__all__ = ["GenerateAdapter", "expanded", "is_causal_lm_dir", "json_columns", "load_schema", "template_columns"]
+__all__ = [
+    "GenerateAdapter",
+    "Prompts",
+    "expanded",
+    "is_causal_lm_dir",
+    "json_columns",
+    "load_schema",
+    "template_columns",
+]
 
 REQUEST_COLUMNS = ("custom_id", "method", "url", "body", "line_error")
 
@@ -122,7 +130,7 @@ def load_schema(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
 
 
 @dataclass
-class _Prompts:
+class Prompts:
     ids: list[list[int]]
     params: list[Any]  # llm.decode.Sampling per row
     urls: list[str] | None = None  # request mode: what each row asked (chat or completions)
@@ -214,7 +222,7 @@ class GenerateAdapter(Adapter):
             )
 
     # -- reader thread -------------------------------------------------------------------
-    def preprocess(self, table: pa.Table) -> _Prompts:
+    def preprocess(self, table: pa.Table) -> Prompts:
         rows = table.select(list(self.input_columns)).to_pylist()
         rejected: dict[int, Exception] = {}
         ids: list[list[int]] = []
@@ -233,7 +241,7 @@ class GenerateAdapter(Adapter):
         if rejected:  # these rows' errors, not the job's: the rest is preprocessed again
             raise RowsRejected(rejected)
         keys = [r["custom_id"] for r in rows] if self.requests else None
-        return _Prompts(ids, params, urls if self.requests else None, keys)
+        return Prompts(ids, params, urls if self.requests else None, keys)
 
     def _row(self, row: Mapping[str, Any]) -> tuple[list[int], Any, str]:
         from ..llm.decode import Sampling
@@ -304,18 +312,18 @@ class GenerateAdapter(Adapter):
             ids = [self.tokenizer.bos_token_id]
         return ids
 
-    def cost(self, features: _Prompts) -> Sequence[int]:
+    def cost(self, features: Prompts) -> Sequence[int]:
         return [len(x) + p.max_tokens for x, p in zip(features.ids, features.params, strict=True)]
 
-    def select(self, features: _Prompts, indices: np.ndarray) -> _Prompts:
+    def select(self, features: Prompts, indices: np.ndarray) -> Prompts:
         def pick(values: list[Any] | None) -> list[Any] | None:
             return None if values is None else [values[i] for i in indices]
 
         ids, params = [features.ids[i] for i in indices], [features.params[i] for i in indices]
-        return _Prompts(ids, params, pick(features.urls), pick(features.keys))
+        return Prompts(ids, params, pick(features.urls), pick(features.keys))
 
     # -- model thread --------------------------------------------------------------------------
-    def predict(self, batch: _Prompts) -> Mapping[str, Any]:
+    def predict(self, batch: Prompts) -> Mapping[str, Any]:
         from ..llm.decode import decode
 
         on_token = None
@@ -330,7 +338,7 @@ class GenerateAdapter(Adapter):
         out = decode(self.model, self.tokenizer, batch.ids, batch.params, self.device, self.grammars.matcher, on_token)
         return self.columns(batch, out)
 
-    def columns(self, batch: _Prompts, out: list[Any]) -> dict[str, Any]:
+    def columns(self, batch: Prompts, out: list[Any]) -> dict[str, Any]:
         """The output columns of a batch's completions (``llm.decode.Generated``)."""
         prompt_tokens = [len(x) for x in batch.ids]
         used = [g.completion_tokens for g in out]

@@ -99,12 +99,6 @@ class RemoteRequests(Adapter):
             body["prompt"] = render(str(self.template), row)
         return body
 
-    def output_types(self) -> dict[str, pa.DataType]:
-        if self.endpoint == EMBEDDINGS:
-            return {}
-        return {"completion": pa.string(), "finish_reason": pa.string(), "prompt_tokens": pa.int64(),
-                "completion_tokens": pa.int64()}  # fmt: skip
-
     def columns(self, answers: list[dict[str, Any]]) -> dict[str, Any]:
         """The output columns of response bodies (one per row, in row order)."""
         if self.endpoint == EMBEDDINGS:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import ModelError
 from .base import SetupContext
-from .generate import GenerateAdapter, _Prompts
+from .generate import GenerateAdapter, Prompts
 
 __all__ = ["VllmGenerateAdapter"]
 
@@ -42,7 +42,7 @@ class VllmGenerateAdapter(GenerateAdapter):
         self.context = int(getattr(config, "max_model_len", 0) or 0)
         self.engine_name = "vllm"
 
-    def predict(self, batch: _Prompts) -> Mapping[str, Any]:
+    def predict(self, batch: Prompts) -> Mapping[str, Any]:
         from ..llm.decode import Generated
 
         prompts = [{"prompt_token_ids": ids} for ids in batch.ids]

@@ -16,10 +16,10 @@ from ..config import field_docs
 from ..core.errors import BulkinferError
 from ..core.hardware import quiet_tokenizers
 
-__all__ = ["app"]
+__all__ = ["LineFormat", "app", "fail", "fields_epilog", "prepare", "setup_logging", "split_list", "stored_config"]
 
 
-def _fields_epilog() -> str:
+def fields_epilog() -> str:
     lines = ["Config fields (TOML sections, or --set section.field=value):", ""]
     for name, default, doc in field_docs():
         lines.append(f"  {name} = {default}  —  {doc}")
@@ -38,20 +38,20 @@ app = typer.Typer(
 _CSV = {"help": "Comma-separated list."}
 
 
-def _split(values: list[str] | None) -> list[str] | None:
+def split_list(values: list[str] | None) -> list[str] | None:
     if not values:
         return None
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
-def _prepare(quiet: bool) -> None:
+def prepare(quiet: bool) -> None:
     """Offline model hub, quiet tokenizers, and log lines on stderr."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_tokenizers()
-    _setup_logging(quiet)
+    setup_logging(quiet)
 
 
-class _LineFormat(logging.Formatter):
+class LineFormat(logging.Formatter):
     """``bulkinfer: <message>``; a library's own warning names the library (``bulkinfer: [ray] ...``)."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -64,18 +64,18 @@ class _LineFormat(logging.Formatter):
         return f"bulkinfer: [{source}] {record.getMessage()}"
 
 
-def _setup_logging(quiet: bool) -> None:
+def setup_logging(quiet: bool) -> None:
     """bulkinfer's lines at INFO (WARNING with -q) on stderr; the libraries it drives only from
     WARNING up, so a quantizer's or an exporter's progress chatter stays out of the job's log."""
     if not logging.root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_LineFormat())
+        handler.setFormatter(LineFormat())
         logging.root.addHandler(handler)
         logging.root.setLevel(logging.WARNING)
     logging.getLogger("bulkinfer").setLevel(logging.WARNING if quiet else logging.INFO)
 
 
-def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
+def stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
     """The config a finished run stored, and its input files as absolute URIs."""
     from ..commit.ledger import Ledger
     from ..core.errors import OutputError
@@ -86,7 +86,7 @@ def _stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
     return plan.config, [f.uri for f in plan.inputs]
 
 
-def _fail(exc: BulkinferError) -> typer.Exit:
+def fail(exc: BulkinferError) -> typer.Exit:
     typer.echo(f"bulkinfer: error: {exc}", err=True)
     return typer.Exit(exc.exit_code)
 

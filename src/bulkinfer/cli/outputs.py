@@ -12,9 +12,9 @@ import typer
 from ..core.errors import BulkinferError
 from .common import (
     QuietOption,
-    _fail,
-    _prepare,
-    _split,
+    fail,
+    prepare,
+    split_list,
 )
 
 
@@ -31,7 +31,7 @@ def inspect(
     try:
         info = inspect_part(output) if is_part_file(output) else inspect_output(output)
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     if "provenance" in info:
         _print_part(info, as_json)
         return
@@ -95,7 +95,7 @@ def index(
     quiet: QuietOption = False,
 ) -> None:
     """Build an approximate-nearest-neighbour index (Faiss) over an output's vectors; check its recall."""
-    _prepare(quiet)
+    prepare(quiet)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from ..outputs.index import IndexSpec, build_index, describe_params
@@ -118,7 +118,7 @@ def index(
                 output, dest, spec, min_recall, lambda done, total: bar.update(task, completed=done, total=total)
             )
         except BulkinferError as exc:
-            raise _fail(exc) from None
+            raise fail(exc) from None
     if as_json:
         typer.echo(json.dumps(asdict(report), indent=1))
         return
@@ -150,22 +150,22 @@ def compare(
     quiet: QuietOption = False,
 ) -> None:
     """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI); gate a rollout."""
-    _prepare(quiet)
+    prepare(quiet)
     from ..core.errors import CheckFailed
     from ..outputs.compare import CompareSpec, compare_outputs, gate, summary_lines
 
-    spec = CompareSpec(id_column, tuple(_split(column) or ()), sample, k, queries)
+    spec = CompareSpec(id_column, tuple(split_list(column) or ()), sample, k, queries)
     try:
         result = compare_outputs(old, new, spec)
         failed, read = gate(fail_if, result["figures"]) if fail_if else (False, {})
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     if fail_if:
         result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
     typer.echo(json.dumps(result, indent=1) if as_json else "\n".join(summary_lines(result)))
     if failed:
         shown = ", ".join(f"{n} = {'not measured' if v is None else round(v, 6)}" for n, v in read.items())
-        raise _fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); keep {old} in production"))
+        raise fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); keep {old} in production"))
     if fail_if and not as_json:
         typer.echo(f"gate passed: {fail_if!r} does not hold")
 
@@ -186,7 +186,7 @@ def report(
 ) -> None:
     """One self-contained HTML page about a run: throughput, time, batches, cost, errors, statistics,
     drift and, with --compare, the canary comparison. It opens offline."""
-    _prepare(quiet)
+    prepare(quiet)
     from ..outputs.compare import CompareSpec, compare_outputs
     from ..outputs.html import load_run, render_report
     from ..sinks import is_remote
@@ -195,7 +195,7 @@ def report(
         run = load_run(output)
         comparison = compare_outputs(compare_with, output, CompareSpec(sample=sample)) if compare_with else None
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     if dest is None:
         dest = Path("report.html") if is_remote(output) else Path(output) / "_bulkinfer" / "report.html"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +217,7 @@ def costs(
         typer.echo("bulkinfer: error: --format is table, csv or json", err=True)
         raise typer.Exit(2)
     try:
-        rows = sum_costs(collect_runs(outputs), _split(by))
+        rows = sum_costs(collect_runs(outputs), split_list(by))
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     typer.echo(render(rows, output_format))

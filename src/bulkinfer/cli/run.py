@@ -15,13 +15,13 @@ from .common import (
     ModelOption,
     QuietOption,
     TextColumnOption,
-    _fail,
-    _prepare,
-    _split,
-    _stored_config,
+    fail,
+    prepare,
+    split_list,
+    stored_config,
 )
 
-# the flags of ``bulkinfer run`` (one per config field they set: _FIELDS)
+# the flags of ``bulkinfer run`` (one per config field they set: FLAG_FIELDS)
 ConfigFlag = Annotated[Path | None, typer.Argument(help="Job file (TOML). Flags override it.")]
 InputFlag = Annotated[
     list[str] | None, typer.Option("--input", "-i", help="Input file, directory, glob or URI; repeatable.")
@@ -81,7 +81,7 @@ IncrementalFromFlag = Annotated[
 ]
 DedupeFlag = Annotated[str | None, typer.Option(help="Infer identical inputs once: true, false or auto.")]
 
-_FIELDS = {
+FLAG_FIELDS = {
     "input": "source.paths",
     "model": "model.name",
     "text_column": "model.text_column",
@@ -119,10 +119,10 @@ def overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     """The config fields ``flags`` (the command's parameters by name) set; None for a flag not
     given, a switch left off or an empty list, so that the TOML file's value stands."""
     out: dict[str, Any] = {}
-    for name, field in _FIELDS.items():
+    for name, field in FLAG_FIELDS.items():
         value = flags[name]
         if name in _COMMA_SEPARATED:
-            value = _split(value)
+            value = split_list(value)
         elif value is False or value == []:
             value = None
         out[field] = value
@@ -165,22 +165,22 @@ def run(
     quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
-    _prepare(quiet)
+    prepare(quiet)
     fields = overrides(locals())
     from ..job import run_job
 
     try:
         base = None
         if retry_errors is not None:
-            base, inputs = _stored_config(retry_errors)
+            base, inputs = stored_config(retry_errors)
             fields["sink.path"] = str(retry_errors)
             fields["source.paths"] = fields["source.paths"] or inputs
         cfg = load_config(config, fields, set_, base=base)
         result = run_job(cfg, retry_errors=retry_errors is not None)
     except Interrupted as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         typer.echo("bulkinfer: interrupted; rerun the same command to resume", err=True)
         raise typer.Exit(Interrupted.exit_code) from None

@@ -14,9 +14,9 @@ from .common import (
     ModelOption,
     QuietOption,
     TextColumnOption,
-    _fail,
-    _prepare,
-    _split,
+    fail,
+    prepare,
+    split_list,
 )
 
 
@@ -39,11 +39,11 @@ def serve(
     quiet: QuietOption = False,
 ) -> None:
     """Answer online requests with the job's model: POST /v1/predict, /v1/embeddings (OpenAI-compatible)."""
-    _prepare(quiet)
+    prepare(quiet)
     overrides: dict[str, Any] = {
         "model.name": model,
         "model.text_column": text_column,
-        "model.feature_columns": _split(feature_columns),
+        "model.feature_columns": split_list(feature_columns),
         "source.id_column": id_column,
         "serve.host": host,
         "serve.port": port,
@@ -55,6 +55,6 @@ def serve(
     try:
         run_server(load_config(config, overrides, set_))
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         raise typer.Exit(0) from None

@@ -16,8 +16,8 @@ from ..core.errors import BulkinferError
 from ..core.hardware import quiet_tokenizers
 from ..engines.int8 import kept_in_words
 from .common import (
-    _fail,
-    _setup_logging,
+    fail,
+    setup_logging,
 )
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def tune(
     """Measure engine x precision x batch size on a sample of the input; keep the fastest that passes the gate."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_tokenizers()
-    _setup_logging(quiet=True)
+    setup_logging(quiet=True)
     from rich.console import Console
 
     from ..precision.tune import to_toml
@@ -88,7 +88,7 @@ def tune(
             on_candidate=lambda c: status.update(f"tune: measured {c.engine} {c.precision} batch {c.batch_size}"),
         )
     except BulkinferError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except ValueError:
         raise typer.BadParameter("--batch-sizes: expected numbers like 8,16,32") from None
     finally:
@@ -149,7 +149,7 @@ def machine(
     """What runs fast on this machine: its CPU's fast-path features, the GPU, the inference libraries, and for
     each engine and precision whether it runs natively, on weak kernels, emulated, or not at all here."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _setup_logging(quiet=True)
+    setup_logging(quiet=True)
     from ..core.hardware import survey
 
     found = survey(device)
@@ -162,7 +162,7 @@ def machine(
             cfg = load_config(None, {"model.name": model}, set_)
             found["tune"] = best_measured(cfg, resolve_model(cfg).digest, devices)
         except BulkinferError as exc:
-            raise _fail(exc) from None
+            raise fail(exc) from None
     if as_json:
         typer.echo(json.dumps(found, indent=1))
         return

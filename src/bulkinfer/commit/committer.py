@@ -207,24 +207,53 @@ def _timed_write(target: ExportTarget, part: str, table: pa.Table, stats: RunSta
 
 
 @dataclass
-class Committer:
-    """Commits shard outputs for one run; raises once the error budget is spent."""
+class CommitterBase:
+    """What both committers share: where parts go (``sink``), where commits are recorded
+    (``ledger``), the run's counters, the export targets and routes each part also goes to, the
+    stamp every part carries, and who is told after each commit."""
 
-    cfg: JobConfig
     ledger: OutputLedger
     sink: Sink
     stats: RunStats
+    exports: list[ExportTarget] = field(default_factory=list, kw_only=True)
+    routes: list[Route] = field(default_factory=list, kw_only=True)
+    route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict, kw_only=True)
+    stamp: PartStamp = field(default_factory=PartStamp, kw_only=True)
+    on_commit: Callable[[], None] = field(default=lambda: None, kw_only=True)
+
+    def discard(self, staged: StagedOutput) -> None:
+        """Drop an attempt that will not be committed (another attempt committed its rows)."""
+        self.sink.discard(staged)
+
+    def _publish_files(
+        self, staged: StagedOutput, table: pa.Table | None, routed: Mapping[str, pa.Table] | None
+    ) -> tuple[Published, int]:
+        """The staged files published, ``table`` exported and ``routed`` sent to the routes'
+        targets (before the ledger line); the rows routed."""
+        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
+        return published, sum(t.num_rows for t in (routed or {}).values())
+
+    def _counted(self, staged: StagedOutput, published: Published, rows_in: int, n_routed: int) -> None:
+        """After the ledger line: the part revealed, and the run's figures."""
+        self.sink.reveal(staged)
+        part = published.part
+        if part is not None:
+            self.stats.output.add(part.name, staged.stats)
+        rows_out = (part.rows if part else 0) + n_routed
+        self.stats.add_rows(rows_in=rows_in, rows_out=rows_out, failed=staged.failed, shards=1)
+
+
+@dataclass
+class Committer(CommitterBase):
+    """Commits shard outputs for one run; raises once the error budget is spent."""
+
+    cfg: JobConfig
     planned_starts: Mapping[int, int]
     failed_before: int
-    exports: list[ExportTarget] = field(default_factory=list)
-    on_commit: Callable[[], None] = lambda: None
-    first_error: str | None = None
-    _first_at: int | None = None  # the shard first_error comes from (shards may commit out of order)
-    routes: list[Route] = field(default_factory=list)
-    route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
-    stamp: PartStamp = field(default_factory=PartStamp)
-    _stats_saved: float = field(default_factory=time.monotonic)
-    _stats_every: float = field(default_factory=lambda: STATS_EVERY_S)
+    first_error: str | None = field(default=None, init=False)
+    _first_at: int | None = field(default=None, init=False)  # first_error's shard (shards commit out of order)
+    _stats_saved: float = field(default_factory=time.monotonic, init=False)
+    _stats_every: float = field(default_factory=lambda: STATS_EVERY_S, init=False)
 
     @property
     def budget(self) -> int:
@@ -237,18 +266,13 @@ class Committer:
         """The row that names ``shard``'s files: None for a whole planned shard, its start for a tail."""
         return None if shard.start == self.planned_starts[shard.index] else shard.start
 
-    def discard(self, staged: StagedOutput) -> None:
-        """Drop an attempt that will not be committed (another attempt committed its rows)."""
-        self.sink.discard(staged)
-
     def publish(
         self, staged: StagedOutput, table: pa.Table | None = None, routed: Mapping[str, pa.Table] | None = None
     ) -> None:
         """Publish the staged files, write ``table`` (the part's rows) to the export targets and
         ``routed`` to the routes' targets, then append the ledger line that makes them count."""
         t0 = time.perf_counter()
-        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
-        n_routed = sum(t.num_rows for t in (routed or {}).values())
+        published, n_routed = self._publish_files(staged, table, routed)
         record = self._record(staged, published, n_routed)
         commit_or_withdraw(self.sink, self.ledger, staged, published, record)
         self._committed(staged, published, n_routed)
@@ -286,13 +310,8 @@ class Committer:
         )
 
     def _committed(self, staged: StagedOutput, published: Published, n_routed: int) -> None:
-        """After the ledger line: the part revealed, and the run's figures."""
-        self.sink.reveal(staged)
-        part = published.part
-        if part is not None:
-            self.stats.output.add(part.name, staged.stats)
-        rows_out = (part.rows if part else 0) + n_routed
-        self.stats.add_rows(rows_in=staged.shard.num_rows, rows_out=rows_out, failed=staged.failed, shards=1)
+        """After the ledger line: the part revealed, the run's figures, now and then stats.json."""
+        self._counted(staged, published, staged.shard.num_rows, n_routed)
         if time.monotonic() - self._stats_saved >= self._stats_every:
             t0 = time.monotonic()
             self.ledger.write_private(STATS, self.stats.output.to_json())  # covers committed parts only
@@ -340,19 +359,11 @@ def retry_units(ledger: OutputLedger, planned: Sequence[Shard], commits: list[Co
 
 
 @dataclass
-class RetryCommitter:
+class RetryCommitter(CommitterBase):
     """Commits the rows of one retry unit: a new part beside the original, a new error file for
     the rows that still fail, and one ledger line that supersedes the old error file."""
 
-    ledger: OutputLedger
-    sink: Sink
-    stats: RunStats
     unit: RetryUnit
-    exports: list[ExportTarget] = field(default_factory=list)
-    on_commit: Callable[[], None] = lambda: None
-    routes: list[Route] = field(default_factory=list)
-    route_targets: dict[str, list[ExportTarget]] = field(default_factory=dict)
-    stamp: PartStamp = field(default_factory=PartStamp)
 
     def __call__(self, out: ShardOutput) -> None:
         old = self.unit.commit.error_file
@@ -372,9 +383,6 @@ class RetryCommitter:
         for s in staged:
             self.publish(s)
 
-    def discard(self, staged: StagedOutput) -> None:
-        self.sink.discard(staged)
-
     def publish(
         self, staged: StagedOutput, table: pa.Table | None = None, routed: Mapping[str, pa.Table] | None = None
     ) -> None:
@@ -382,16 +390,10 @@ class RetryCommitter:
         supersedes the old error file."""
         old = self.unit.commit.error_file
         assert old is not None
-        published = publish_and_export(self.sink, self.exports, staged, table, self.stats, routed, self.route_targets)
+        published, n_routed = self._publish_files(staged, table, routed)
         c = self.unit.commit
-        failed = staged.failed
-        n_routed = sum(t.num_rows for t in (routed or {}).values())
-        record = Commit.of(c.shard, c.start, c.stop, published.part, failed, published.error_file, old, n_routed)
+        record = Commit.of(c.shard, c.start, c.stop, published.part, staged.failed, published.error_file, old, n_routed)
         commit_or_withdraw(self.sink, self.ledger, staged, published, record)
-        self.sink.reveal(staged)
-        if published.part is not None:
-            self.stats.output.add(published.part.name, staged.stats)
+        self._counted(staged, published, len(self.unit.rows), n_routed)
         self.ledger.delete_error_file(old)
-        rows_out = (published.part.rows if published.part else 0) + n_routed
-        self.stats.add_rows(rows_in=len(self.unit.rows), rows_out=rows_out, failed=failed, shards=1)
         self.on_commit()

@@ -160,7 +160,48 @@ class OutputLedger(Protocol):
     def read_part(self, name: str) -> bytes: ...
 
 
-class Ledger:
+class JobStart:
+    """How both ledgers (a folder's, :class:`Ledger`; an object store's,
+    :class:`~bulkinfer.commit.objledger.ObjectLedger`) start or resume a job: the stored plan is
+    kept when it is the same job, a different one is refused unless ``overwrite``, and a new job
+    never lands among files bulkinfer did not write."""
+
+    out_dir: Any
+    fresh_output = "choose an empty or new --output"
+
+    def read_plan(self) -> JobPlan | None:
+        raise NotImplementedError
+
+    def foreign(self) -> list[str]:
+        raise NotImplementedError
+
+    def wipe(self) -> None:
+        raise NotImplementedError
+
+    def start_job(self, plan: JobPlan) -> None:
+        raise NotImplementedError
+
+    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
+        """Start or resume ``plan``'s job here; return the plan in force (the stored one on a resume)."""
+        existing = self.read_plan()
+        if existing is not None and existing.fingerprint == plan.fingerprint:
+            return existing
+        if existing is not None and not overwrite:
+            raise JobMismatchError(
+                f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
+                "rerun with --overwrite to discard it, or choose another --output"
+            )
+        foreign = self.foreign()
+        if foreign and not overwrite:
+            raise OutputError(
+                f"{self.out_dir}: not empty and not a bulkinfer output (has {foreign[0]}); {self.fresh_output}"
+            )
+        self.wipe()
+        self.start_job(plan)
+        return plan
+
+
+class Ledger(JobStart):
     """Lock, job identity and commit log of one output directory."""
 
     def __init__(self, out_dir: Path) -> None:
@@ -230,29 +271,14 @@ class Ledger:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"{self.job_path}: unreadable ({exc}); rerun with --overwrite") from exc
 
-    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
-        """Start or resume ``plan``'s job here; return the plan in force (the stored one on a resume)."""
-        existing = self.read_plan()
-        if existing is not None and existing.fingerprint != plan.fingerprint:
-            if not overwrite:
-                raise JobMismatchError(
-                    f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
-                    "rerun with --overwrite to discard it, or choose another --output"
-                )
-            self.wipe()
-            existing = None
-        if existing is None:
-            foreign = [p.name for p in self.out_dir.iterdir() if not _is_ours(p.name)]
-            if foreign and not overwrite:
-                raise OutputError(
-                    f"{self.out_dir}: not empty and not a bulkinfer output (has {foreign[0]}); "
-                    "choose an empty or new --output"
-                )
-            self.wipe()
-            _write_atomic(self.job_path, plan.json_chunks())
-            self.log_path.touch()
-            return plan
-        return existing
+    def foreign(self) -> list[str]:
+        """The names here that bulkinfer did not write."""
+        return [p.name for p in self.out_dir.iterdir() if not _is_ours(p.name)]
+
+    def start_job(self, plan: JobPlan) -> None:
+        """Record ``plan`` as this output's job, with an empty commit log."""
+        _write_atomic(self.job_path, plan.json_chunks())
+        self.log_path.touch()
 
     def wipe(self) -> None:
         """Remove everything bulkinfer wrote here, except the lock held by this run."""

@@ -40,12 +40,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ..core.errors import JobMismatchError, LedgerError, LockedError, OutputError
+from ..core.errors import LedgerError, LockedError, OutputError
 from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
-from ..plan import JobPlan, describe_change
+from ..plan import JobPlan
 from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
-from .ledger import Commit, CommitTally
+from .ledger import Commit, CommitTally, JobStart
 
 __all__ = ["LEASE_S", "SEGMENT_RECORDS", "ObjectLedger"]
 
@@ -65,7 +65,9 @@ def _is_ours(key: str) -> bool:
     return key.startswith(("part-", f"{ERRORS}/", f"{PRIVATE}/", f"{TEMPORARY}/")) or key == SUCCESS
 
 
-class ObjectLedger:
+class ObjectLedger(JobStart):
+    """Lock (a lease), job identity and commit records of one object-store prefix."""
+
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self.out_dir = store.uri
@@ -173,26 +175,13 @@ class ObjectLedger:
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"{self.private}/job.json: unreadable ({exc}); rerun with --overwrite") from exc
 
-    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
-        existing = self.read_plan()
-        if existing is not None and existing.fingerprint != plan.fingerprint:
-            if not overwrite:
-                raise JobMismatchError(
-                    f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
-                    "rerun with --overwrite to discard it, or choose another --output"
-                )
-            existing = None
-        if existing is None:
-            foreign = [k for k in self.store.ls() if not _is_ours(k)]
-            if foreign and not overwrite:
-                raise OutputError(
-                    f"{self.out_dir}: not empty and not a bulkinfer output (has {foreign[0]}); "
-                    "choose an empty or new prefix"
-                )
-            self.wipe()
-            self.store.put(f"{PRIVATE}/job.json", "".join(plan.json_chunks()).encode())
-            return plan
-        return existing
+    fresh_output = "choose an empty or new prefix"
+
+    def foreign(self) -> list[str]:
+        return [k for k in self.store.ls() if not _is_ours(k)]
+
+    def start_job(self, plan: JobPlan) -> None:
+        self.store.put(f"{PRIVATE}/job.json", "".join(plan.json_chunks()).encode())
 
     def wipe(self) -> None:
         keys = [k for k in self.store.find("") if _is_ours(k) and k != f"{PRIVATE}/lock"]

@@ -53,7 +53,7 @@ from ..core.hardware import ORT_GPU_PROVIDERS, int8_scheme, isa_key
 from .int8 import OUTLIER_SHARE, OUTLIERS
 from .versions import EXPORT, OPSET
 
-__all__ = ["EXPORT", "OPSET", "OrtEngine", "cache_entry", "started", "tensorrt_options"]
+__all__ = ["EXPORT", "OPSET", "OrtEngine", "build_entry", "cache_entry", "started", "tensorrt_options"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -214,7 +214,7 @@ def _fuse(raw: Path, out: Path, shape: dict[str, int]) -> dict[str, int] | None:
     return ops
 
 
-def _build(
+def build_entry(
     model_dir: str,
     precision: str,
     entry: Path,
@@ -227,7 +227,7 @@ def _build(
     so trying both precisions (``bulkinfer tune``) exports the model once. ``fuse=False``: the
     plain graph even for a BERT encoder (TensorRT fuses it itself, and runs no contrib operators)."""
     if precision == "int8" and fp32_entry is not None and not (fp32_entry / "model.onnx").is_file():
-        _build(model_dir, "fp32", fp32_entry)
+        build_entry(model_dir, "fp32", fp32_entry)
 
     entry.parent.mkdir(parents=True, exist_ok=True)
     for stale in entry.parent.glob(".build-*"):  # left by a build that was killed
@@ -461,10 +461,10 @@ class OrtEngine:
         try:
             if built == "int8" and not self.fp32_path.is_file():  # the export, then its quantization
                 t0 = time.perf_counter()
-                _build(model_dir, "fp32", self.fp32_path.parent)
+                build_entry(model_dir, "fp32", self.fp32_path.parent)
                 self.build_split["export_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            _build(model_dir, built, entry, self.fp32_path.parent, keep_fp32, fuse=fuse)
+            build_entry(model_dir, built, entry, self.fp32_path.parent, keep_fp32, fuse=fuse)
             self.build_split["export_s" if built == "fp32" else "build_s"] = time.perf_counter() - t0
         except (OSError, RuntimeError, ValueError) as exc:
             raise ModelError(f"{model_dir}: cannot export to ONNX ({type(exc).__name__}: {exc})") from exc

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ModelError
-from .ort_engine import _build, cache_entry
+from .ort_engine import build_entry, cache_entry
 
 __all__ = ["INT8_GROUP", "OpenVinoEngine"]
 
@@ -101,7 +101,7 @@ class OpenVinoEngine:
         self.build_split: dict[str, float] = {}  # seconds of this load's export and int8 build (none: cached)
         if not (entry / "model.onnx").is_file():
             t0 = time.perf_counter()
-            _build(model_dir, "fp32", entry, fuse=False)
+            build_entry(model_dir, "fp32", entry, fuse=False)
             self.build_split["export_s"] = time.perf_counter() - t0
         source, compiled = entry / "model.onnx", entry / "openvino"
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": max(1, int(threads)),

@@ -289,11 +289,6 @@ class OutputStats:
         state = data["state"]
         return cls(state["columns"], state["covers"], int(data["rows"]), data.get("schema"))
 
-    def sketch(self, column: str, key: str = "values") -> Any:
-        """The KLL sketch of a column's values (``norm`` for a vector's norms), or None."""
-        state = self.columns.get(column, {}).get(key)
-        return sketch_of(state) if state else None
-
 
 def describe(table: pa.Table, skip: Iterable[str] = ()) -> dict[str, Any]:
     """The statistics state of one part's rows (``skip``: passthrough columns such as the id)."""

@@ -25,6 +25,7 @@ from ..report import RunStats
 from ..sinks import make_sink
 from ..sources import Shard
 from ..sources.base import ShardOutput
+from .base import Splittable
 from .local import LocalRunner
 from .reuse import WindowReuse
 from .window import Assembler
@@ -52,7 +53,7 @@ class Worker:
         redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
         self.sink = make_sink(self.cfg)
         self.routes = compile_routes(self.cfg)
-        self.runner: Any = None
+        self.runner: Splittable | None = None
         self.error: BaseException | None = None
         threads = max(1, int(self.cfg.execution.num_cpus))
         try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError, SourceError
 from .base import InputFile
@@ -27,7 +27,7 @@ from .base import InputFile
 if TYPE_CHECKING:
     from ..config import SourceConfig
 
-__all__ = ["TABLE_FORMATS", "describe_choice", "table_inputs"]
+__all__ = ["TABLE_FORMATS", "table_inputs"]
 
 TABLE_FORMATS = ("delta", "iceberg")
 
@@ -141,8 +141,3 @@ def table_inputs(paths: Sequence[str], src: SourceConfig, columns: Sequence[str]
     for path in paths:
         out.extend(_delta(path, src, columns) if src.format == "delta" else _iceberg(path, src))
     return sorted(out, key=lambda f: f.uri)
-
-
-def describe_choice(src: SourceConfig) -> dict[str, Any]:
-    """The snapshot settings, for the job's identity (absent: the latest)."""
-    return {k: getattr(src, k) for k in ("version", "snapshot_id", "as_of") if getattr(src, k) is not None}
