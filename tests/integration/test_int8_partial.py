@@ -76,7 +76,7 @@ def test_int8_that_only_fp32_would_fix_is_refused_with_every_build_tried(tiny_jo
     assert not list((tiny_job[0] / "strict").glob("part-*"))  # nothing written
 
 
-def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_alone(tiny, tmp_path, monkeypatch):
+def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_alone(tiny_job, tmp_path, monkeypatch):
     """Where the outlier split scores no closer to fp32 than full int8 (measured on a real AVX2
     core for this tiny model), the search drops it: the blocks, ranked again with every channel
     in int8, are searched alone. Forced here: full int8 is taken to have scored 1.0."""
@@ -107,7 +107,7 @@ def test_outlier_channels_that_buy_nothing_are_dropped_and_the_blocks_searched_a
     assert {"export_s", "build_s"} <= set(got.report["setup_split"])
 
 
-def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that_passed(tiny, caplog):
+def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that_passed(tiny_job, caplog):
     """tune's int8 candidate is the partial int8 the gate's search finds (the blocks it keeps
     in fp32 named); precision = "auto" then runs the fastest candidate that passed."""
     import logging
@@ -115,7 +115,7 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
     from bulkinfer.core.hardware import emulated
     from bulkinfer.precision.tune import PRECISIONS, results_path, tune
 
-    d, model = tiny
+    d, model = tiny_job
     base = {
         "source.paths": [str(d / "in.parquet")],
         "model.name": str(model),
@@ -151,12 +151,12 @@ def test_tune_measures_the_partial_int8_and_precision_auto_runs_the_fastest_that
     assert ov.precision == "int8" and ov.int8_fp32_groups is None and "block(s)" not in ov.note
 
 
-def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny, caplog):
+def test_precision_auto_without_measurements_calibrates_once_and_keeps_them(tiny_job, caplog):
     import logging
 
     from bulkinfer.precision.tune import CALIBRATION_ROWS, results_path
 
-    d, model = tiny
+    d, model = tiny_job
     caplog.set_level(logging.INFO, logger="bulkinfer")
     overrides = {"runtime.precision": "auto", "runtime.cache_dir": str(d / "cache-calibrate"),
                  "runtime.quality_floor": -1.0}  # fmt: skip
@@ -199,7 +199,7 @@ def resolve(cfg) -> str:
 
 
 def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_same_model_settings_and_rows(
-    tiny, tmp_path, caplog
+    tiny_job, tmp_path, caplog
 ):
     """The gate's verdict is cached per model, precision as built, floor, machine kind and the
     gate's sample rows: a rerun over the same data into a new output skips the gate (the same
@@ -245,7 +245,7 @@ def test_a_passed_gate_is_kept_for_this_machine_kind_and_reused_only_for_the_sam
     assert other_floor["cached"] is False
     write(make_catalog(120, seed=5), tmp_path / "other.parquet")
     other_rows = run(
-        tiny, "kept-4", **{"runtime.quality_floor": -0.7, "source.paths": [str(tmp_path / "other.parquet")]}
+        tiny_job, "kept-4", **{"runtime.quality_floor": -0.7, "source.paths": [str(tmp_path / "other.parquet")]}
     )
     assert other_rows.report["quality"]["cached"] is False
     assert len(set(gates.glob("*.json")) - before) == 3

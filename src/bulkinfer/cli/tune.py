@@ -167,6 +167,7 @@ def machine(
         typer.echo(json.dumps(found, indent=1))
         return
     from rich.console import Console
+    from rich.table import Table
 
     c, card, libs = found["cpu"], found["gpu"], found["libraries"]
     console = Console(width=None if sys.stdout.isatty() else 120)
