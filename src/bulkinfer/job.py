@@ -35,11 +35,10 @@ from .config import JobConfig
 from .core.errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .core.hardware import emulation_warning
 from .core.layout import HASH_COLUMN
-from .core.records import redact
-from .core.storage import use_storage_options
+from .core.storage import storage_options_for
 from .plan import JobPlan, job_identity, make_plan
-from .precision.gate import job_quality_gate
-from .precision.settle import Settled, settle
+from .precision.gate import GateVerdict, job_quality_gate
+from .precision.settle import Settled, settle, with_column_types
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
 from .report.lineage import Lineage
@@ -50,7 +49,7 @@ from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_si
 from .sources import Shard, ShardTable
 
 if TYPE_CHECKING:
-    from .precision.gate import GateFigures, GateRows
+    from .precision.gate import GateFigures
 
 __all__ = ["Prepared", "RunResult", "execute", "job_identity", "prepare", "resume", "run_job"]
 
@@ -74,7 +73,6 @@ def prepare(cfg: JobConfig) -> Prepared:
     """Settle the job's config (:func:`bulkinfer.precision.settle.settle`: model, precision,
     adapter, batch size, incremental fallback) and check it (nothing heavy is loaded yet)."""
     cfg.require_runnable()
-    use_storage_options(cfg.source.storage_options, cfg.source.paths)
     settled = settle(cfg, on_cluster=auto_on_cluster if cfg.execution.backend == "ray" else None)
     cfg, model, adapter = settled.cfg, settled.model, settled.adapter
     instance_price(cfg)  # an unknown cost.instance is one line before any work
@@ -111,7 +109,9 @@ def run_job(
     after each commit.
     """
     stop = stop or threading.Event()
-    with _signals(stop):  # from the start: a signal while the model loads or the plan is made exits 75 too
+    # from the start: a signal while the model loads or the plan is made exits 75 too; the
+    # inputs' storage options are this job's own (jobs in one process each see theirs)
+    with _signals(stop), storage_options_for(cfg.source.storage_options, cfg.source.paths):
         return _run_job(cfg, stop, retry_errors, model, on_commit)
 
 
@@ -122,7 +122,6 @@ def _run_job(
     model: Adapter | None,
     on_commit: Callable[[RunStats], None] | None,
 ) -> RunResult:
-    redact(cfg.execution.redact)
     job = prepare(cfg)
     if model is not None:
         job = Prepared(job.cfg, job.model, model)
@@ -319,8 +318,7 @@ def execute(
 ) -> bool:
     """Run what is left of ``plan`` on the configured backend; True when every planned row is committed."""
     # every reader (local threads, Ray workers) converts to the plan's types
-    src = job.cfg.source.model_copy(update={"column_types": plan.column_types or {}})
-    cfg = job.cfg.model_copy(update={"source": src})
+    cfg = with_column_types(job.cfg, plan.column_types)
     failed_before = left.failed_rows + len(plan.input_errors)
     exports, route_targets = exports or [], route_targets or {}
     routes = compile_routes(cfg)
@@ -339,12 +337,11 @@ def execute(
         raise Interrupted(_interrupted(ledger.out_dir))
     if passes:
 
-        def gate(figures_of: GateFigures | None = None) -> GateRows | None:
-            stats.quality, rows = job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of)
-            return rows
+        def gate(figures_of: GateFigures | None = None) -> GateVerdict:
+            return GateVerdict(*job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of))
 
         runner = make_runner(cfg, job.adapter, stats, stop, backend, ledger)
-        runner.start(gate)
+        stats.quality = runner.start(gate).figures  # the report's copy of the verdict
         try:
             with _running(stats, stop, cfg, ledger.out_dir) as progress:
                 runner.on_progress = progress.update

@@ -20,7 +20,7 @@ from typing import Any
 from .config import JobConfig, load_config
 from .config.load import toml_value
 from .core.errors import Interrupted
-from .core.storage import use_storage_options
+from .core.storage import storage_options_for
 from .finished.read import normalise, private_json
 
 __all__ = ["JobProcess", "Outcome"]
@@ -62,8 +62,8 @@ class JobProcess:
             log(line.rstrip("\n"))
         code = self.proc.wait()
         out = normalise(self.cfg.sink.path)
-        use_storage_options(self.cfg.sink.storage_options, [out])
-        return Outcome(code, out, private_json(out, "report.json"))
+        with storage_options_for(self.cfg.sink.storage_options, [out]):
+            return Outcome(code, out, private_json(out, "report.json"))
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM the job (it commits what is in flight and exits 75); SIGKILL after ``grace_s``."""

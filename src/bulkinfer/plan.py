@@ -315,7 +315,8 @@ def _make_plan(
         problems: list[SourceError] = []
         planned = plan_shards(inputs, cfg.source.shard_rows, problems, cfg.source.max_record_bytes)
         shards = _limit(planned, cfg.execution.limit_rows)
-        input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p) for p in problems]
+        # job.json keeps them, and the resume writes them to _errors/: withheld as the job says
+        input_errors = [ErrorRecord.of(p.uri or "", None, "plan", p).withheld(cfg.execution.redact) for p in problems]
         if problems and not shards:
             raise _none_readable(problems, len(inputs))
     # the types the planned files start with; a file skipped at planning has no say

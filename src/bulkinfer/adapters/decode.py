@@ -23,12 +23,12 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..core.media import from_raw_frame
+from ..core.threads import pool
 
 __all__ = ["BadImage", "DecodeBudget", "DecodePool", "Reduced", "decode_rgb", "open_image", "upright_size"]
 
@@ -165,7 +165,7 @@ class DecodePool:
         self.reduced: Reduced | None = reduced
         """The model, when its JPEGs may be decoded smaller (``source.decode = "reduced"``)."""
         self.budget = DecodeBudget(budget_bytes)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="bulkinfer-decode")
+        self._pool = pool(max(1, threads), "bulkinfer-decode")
 
     def one(self, data: bytes | str, name: str, prepare: Callable[[np.ndarray], Any]) -> Any:
         if isinstance(data, str):  # a path or URI column: read here, in the pool

@@ -43,6 +43,7 @@ from typing import Any
 from ..core.errors import LedgerError, LockedError, OutputError
 from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
+from ..core.threads import thread
 from ..plan import JobPlan
 from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
 from .ledger import Commit, CommitTally, JobStart
@@ -126,7 +127,7 @@ class ObjectLedger(JobStart):
             self.took_over_from = current.decode(errors="replace")
         _HELD_HERE.add(self.run_id)
         self._stop.clear()
-        self._renewer = threading.Thread(target=self._renew_loop, name="bulkinfer-lease", daemon=True)
+        self._renewer = thread(self._renew_loop, name="bulkinfer-lease")
         self._renewer.start()
 
     def _renew_loop(self) -> None:

@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["ErrorRecord", "decode_records", "encode_records", "redact", "redacting", "withheld"]
-
-_REDACT = False  # execution.redact / serve: set once per process, before any record is made
+__all__ = ["ErrorRecord", "decode_records", "encode_records", "withheld", "withhold"]
 
 
-def redact(on: bool) -> None:
-    """Withhold input values from every error message made from now on in this process."""
-    global _REDACT
-    _REDACT = on
-
-
-def redacting() -> bool:
-    return _REDACT
-
-
-def withheld(message: str, error_type: str) -> str:
-    """``message`` itself, or under ``execution.redact`` only what caused the error: errors of
-    readers, of type conversion and of models quote the values they choke on."""
-    return f"{error_type} (the message is withheld: execution.redact)" if _REDACT else message
+def withheld(message: str, error_type: str, redact: bool) -> str:
+    """``message`` itself, or with ``redact`` (a job's or server's ``execution.redact``) only what
+    caused the error: errors of readers, of type conversion and of models quote the values they
+    choke on. Records keep their message in memory; each job withholds it where a record leaves
+    the process (its error files, its plan, its log, a server's answer), by its own setting."""
+    return f"{error_type} (the message is withheld: execution.redact)" if redact else message
 
 
 @dataclass(frozen=True)
@@ -52,7 +42,11 @@ class ErrorRecord:
             etype, message = type(exc).__name__, str(exc)
         else:
             etype, message = "Error", exc
-        return cls(uri, row, stage, etype, withheld(" ".join(message.split())[:2000], etype), rows, row_id)
+        return cls(uri, row, stage, etype, " ".join(message.split())[:2000], rows, row_id)
+
+    def withheld(self, redact: bool = True) -> ErrorRecord:
+        """This record as it may leave the process under ``redact``."""
+        return replace(self, message=withheld(self.message, self.error_type, redact)) if redact else self
 
     def headline(self) -> str:
         """One line for logs and budget messages."""
@@ -79,8 +73,14 @@ class ErrorRecord:
         )
 
 
-def encode_records(records: Iterable[ErrorRecord]) -> bytes:
-    return "".join(json.dumps(r.to_json(), default=str) + "\n" for r in records).encode()
+def withhold(records: Iterable[ErrorRecord], redact: bool) -> list[ErrorRecord]:
+    """``records`` as they may leave the process under ``redact``."""
+    return [r.withheld(redact) for r in records]
+
+
+def encode_records(records: Iterable[ErrorRecord], redact: bool = False) -> bytes:
+    """JSON lines of ``records`` (their messages withheld with ``redact``)."""
+    return "".join(json.dumps(r.withheld(redact).to_json(), default=str) + "\n" for r in records).encode()
 
 
 def decode_records(data: bytes | str) -> list[ErrorRecord]:

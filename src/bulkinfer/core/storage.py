@@ -1,10 +1,11 @@
 """Storage I/O for every module that reads or writes by URI: a local path or any fsspec URI
 (S3, GCS, Azure, HTTP, ...), opened with the job's ``source.storage_options`` for the stores
-its inputs name. A leaf: it imports nothing of bulkinfer's but the errors."""
+its inputs name. A leaf: it imports nothing of bulkinfer's but the errors and its threads."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +14,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import SourceError
+from .threads import pool
 
 __all__ = [
     "concurrently",
@@ -31,34 +33,45 @@ __all__ = [
 ]
 
 # source.storage_options by protocol: every input (and the previous output of an incremental
-# run) on that store opens with them. Set per job (use_storage_options), in each process.
-_OPTIONS: dict[str, dict[str, Any]] = {}
+# run) on that store opens with them. A job's are in its context (storage_options_for: the
+# threads it starts through core.threads carry them), so jobs sharing a process each see their
+# own; a process that runs one job (a Ray worker, tune) may set them for itself instead.
+_SCOPED: contextvars.ContextVar[Mapping[str, dict[str, Any]]] = contextvars.ContextVar("bulkinfer_storage_options")
+_PROCESS: dict[str, dict[str, Any]] = {}
 
 
-def use_storage_options(options: dict[str, Any], paths: Sequence[str]) -> None:
-    """Open the stores ``paths`` name with ``options`` from now on (none: their usual configuration)."""
-    _OPTIONS.clear()
+def _by_protocol(options: Mapping[str, Any], paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for p in paths if options else ():
         protocol = fsspec.core.split_protocol(p)[0]
         if protocol and protocol != "file":
-            _OPTIONS[protocol] = dict(options)
+            out[protocol] = dict(options)
+    return out
+
+
+def use_storage_options(options: dict[str, Any], paths: Sequence[str]) -> None:
+    """For a process that runs one job (a Ray worker, ``bulkinfer tune``): open the stores
+    ``paths`` name with ``options`` from now on, where no job's own (:func:`storage_options_for`)
+    are in force."""
+    _PROCESS.clear()
+    _PROCESS.update(_by_protocol(options, paths))
 
 
 @contextlib.contextmanager
 def storage_options_for(options: dict[str, Any], paths: Sequence[str]) -> Iterator[None]:
-    """:func:`use_storage_options` for the block only (the job's own set again after it): for
-    reading an output with ``sink.storage_options`` while the inputs' are in use."""
-    before = {k: dict(v) for k, v in _OPTIONS.items()}
-    use_storage_options(options, paths)
+    """Open the stores ``paths`` name with ``options`` in this block: in this thread and the
+    threads it starts through :mod:`.threads` only (a job's inputs; within it, the output of an
+    earlier run read with ``sink.storage_options``). The stores it does not name keep theirs."""
+    token = _SCOPED.set({**_SCOPED.get({}), **_by_protocol(options, paths)})
     try:
         yield
     finally:
-        _OPTIONS.clear()
-        _OPTIONS.update(before)
+        _SCOPED.reset(token)
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    options = _OPTIONS.get(fsspec.core.split_protocol(uri)[0] or "", {})
+    protocol = fsspec.core.split_protocol(uri)[0] or ""
+    options = _SCOPED.get({}).get(protocol, _PROCESS.get(protocol, {}))
     fs, path = fsspec.core.url_to_fs(uri, **options)
     return fs, path
 
@@ -136,10 +149,8 @@ def concurrently(fn: Callable[[T], R], items: Sequence[T], uris: Sequence[str] =
     remote = any("://" in u and not u.startswith("file://") for u in uris)
     if len(items) < 4 or not remote or PLANNING_THREADS <= 1:
         return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(PLANNING_THREADS, len(items))) as pool:
-        return list(pool.map(fn, items))
+    with pool(min(PLANNING_THREADS, len(items)), "bulkinfer-plan") as threads:
+        return list(threads.map(fn, items))
 
 
 def files_only(fs: Any, found: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -17,12 +17,19 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config import JobConfig
-from ..core.errors import ConfigError, SourceError
+from ..core.errors import SourceError
 from ..core.records import ErrorRecord, decode_records
 from .openai_api import request_id
 
-__all__ = ["BATCH_ERRORS", "BATCH_OUTPUT", "error_line", "output_lines", "read_output_lines", "write_batch_files"]
+__all__ = [
+    "BATCH_ERRORS",
+    "BATCH_OUTPUT",
+    "batch_inputs",
+    "error_line",
+    "output_lines",
+    "read_output_lines",
+    "write_batch_files",
+]
 
 BATCH_OUTPUT, BATCH_ERRORS = "_batch_output.jsonl", "_batch_errors.jsonl"
 
@@ -82,23 +89,8 @@ def write_batch_files(
     ledger.write_file(BATCH_ERRORS, errors.encode())
 
 
-def batch_config(cfg: JobConfig) -> JobConfig:
-    """``cfg`` for an OpenAI batch input (declared, or detected: ``.jsonl`` files whose first
-    line is a request): ``custom_id`` is the id column and, unless another was chosen, the
-    output is in the Batch output format."""
-    fmt = cfg.source.format
-    if fmt == "auto" and _batch_files(cfg.source.paths):
-        fmt = "openai-batch"
-    if fmt != "openai-batch":
-        return cfg
-    if cfg.source.id_column not in (None, "custom_id"):
-        raise ConfigError("source.id_column: an OpenAI batch file's requests are identified by custom_id; drop it")
-    source = cfg.source.model_copy(update={"format": fmt, "id_column": "custom_id"})
-    sink = cfg.sink if "format" in cfg.sink.model_fields_set else cfg.sink.model_copy(update={"format": fmt})
-    return cfg.model_copy(update={"source": source, "sink": sink})
-
-
-def _batch_files(patterns: list[str]) -> bool:
+def batch_inputs(patterns: list[str]) -> bool:
+    """Whether every input is a ``.jsonl`` file of OpenAI batch requests (its first line is one)."""
     from ..sources.listing import expand_inputs
     from ..sources.openai_batch import looks_like_batch
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GateRows",
+    "GateVerdict",
     "compare_embeddings",
     "job_quality_gate",
     "partial_int8",
@@ -62,6 +63,17 @@ class GateRows:
 
     inputs: pa.Table
     outputs: dict[str, pa.Array]
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """What the quality gate decided: its figures (None: no gate, fp32) and, when this process
+    computed them, the sample rows with the job's own results (:class:`GateRows`). A runner's
+    ``start`` returns it; a cluster driver builds its workers' config from the figures
+    (:func:`bulkinfer.precision.settle.after_gate`) and the job reports them, each once."""
+
+    figures: dict[str, Any] | None = None
+    rows: GateRows | None = None
 
 
 def sample_shards(shards: Sequence[Shard], spread: int = 16) -> list[Shard]:

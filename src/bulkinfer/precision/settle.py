@@ -5,12 +5,15 @@ nowhere else rewrites the job's config.
 
     settled = settle(cfg)                  # bulkinfer run (job.prepare), Python API
     settled = settle(cfg, online=True)     # bulkinfer serve
+    cfg = with_column_types(cfg, types)    # the plan's settled column types, for every reader
     cfg = after_gate(cfg, figures)         # what the quality gate chose (int8 groups) for the workers
+    cfg = for_workers(cfg, out, cpus)      # a cluster's workers: the output's absolute path, their CPUs
+    cfg = on_a_worker(cfg)                 # a task on a worker runs locally there
 
 In order, :func:`settle` decides:
 
 1. an OpenAI batch input (declared, or ``.jsonl`` files of requests): ``custom_id`` as the id
-   column, the Batch output format (:func:`bulkinfer.llm.batch_files.batch_config`) and, unless
+   column, the Batch output format (:func:`_batch_file`) and, unless
    the job sets a budget, no error budget (a bad line is its request's answer); online, a
    generation model's requests are rows of that request mode;
 2. the model (:func:`bulkinfer.adapters.resolve_model`);
@@ -40,11 +43,11 @@ from ..core.errors import BulkinferError, ConfigError
 from ..core.storage import storage_options_for
 from ..finished.previous import check_previous, check_reusable
 from ..finished.read import private_json
-from ..llm.batch_files import batch_config
+from ..llm.batch_files import batch_inputs
 from ..plan import job_identity
 from .tune import auto_batch_size, auto_precision
 
-__all__ = ["OnCluster", "Settled", "after_gate", "settle"]
+__all__ = ["OnCluster", "Settled", "after_gate", "for_workers", "on_a_worker", "settle", "with_column_types"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -66,7 +69,7 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     """Decide every automatic or derived setting of ``cfg`` (see the module's docstring).
     ``online``: for ``serve`` (no resume, no incremental input, no batch file to detect)."""
     if not online:
-        cfg = _batch_budget(batch_config(cfg))
+        cfg = _batch_budget(_batch_file(cfg))
     model = resolve_model(cfg)
     if model.kind == "remote-batch":
         cfg = _remote_shards(cfg)
@@ -147,6 +150,39 @@ def after_gate(cfg: JobConfig, figures: Mapping[str, Any] | None) -> JobConfig:
     every worker builds its model with (unchanged when the gate kept none)."""
     groups = (figures or {}).get("int8_fp32_groups")
     return _update(cfg, "runtime", int8_fp32_groups=groups) if groups else cfg
+
+
+def with_column_types(cfg: JobConfig, types: Mapping[str, str] | None) -> JobConfig:
+    """``cfg`` whose readers convert to the plan's settled column types (``types``)."""
+    return _update(cfg, "source", column_types=dict(types or {}))
+
+
+def for_workers(cfg: JobConfig, out: str, cpus: int | None = None) -> JobConfig:
+    """``cfg`` as a cluster's workers get it: the output at ``out`` (absolute: they write to the
+    same output whatever their working directory) and, when the cluster says, each task's CPUs
+    (a task's model runs as many intra-op threads)."""
+    cfg = _update(cfg, "sink", path=out)
+    return _update(cfg, "execution", num_cpus=float(cpus)) if cpus is not None else cfg
+
+
+def on_a_worker(cfg: JobConfig) -> JobConfig:
+    """``cfg`` for a task that runs on a cluster's worker: in that process (``backend = local``)."""
+    return _update(cfg, "execution", backend="local")
+
+
+def _batch_file(cfg: JobConfig) -> JobConfig:
+    """``cfg`` for an OpenAI batch input (declared, or detected: ``.jsonl`` files whose first
+    line is a request): ``custom_id`` is the id column and, unless another was chosen, the
+    output is in the Batch output format."""
+    fmt = cfg.source.format
+    if fmt == "auto" and batch_inputs(cfg.source.paths):
+        fmt = "openai-batch"
+    if fmt != "openai-batch":
+        return cfg
+    if cfg.source.id_column not in (None, "custom_id"):
+        raise ConfigError("source.id_column: an OpenAI batch file's requests are identified by custom_id; drop it")
+    cfg = _update(cfg, "source", format=fmt, id_column="custom_id")
+    return cfg if "format" in cfg.sink.model_fields_set else _update(cfg, "sink", format=fmt)
 
 
 def _update(cfg: JobConfig, section: str, **fields: Any) -> JobConfig:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ..commit.committer import PartStamp
-    from ..precision.gate import GateFigures, GateRows
+    from ..precision.gate import GateFigures, GateVerdict
     from ..report import RunStats
     from ..sinks import StagedOutput
     from ..sources import Shard
@@ -46,12 +46,12 @@ class BatchTimeout(Exception):
 
 
 class Gate(Protocol):
-    """Runs the job's quality gate and keeps its figures; ``figures_of`` computes them
-    elsewhere (a cluster node with the job's device) instead of with this process's model.
-    Returns the sample rows and their results when this process computed them (output rows
-    a runner with the same model may take instead of inferring them again)."""
+    """Runs the job's quality gate; ``figures_of`` computes its figures elsewhere (a cluster
+    node with the job's device) instead of with this process's model. Returns the verdict: the
+    figures, and the sample rows with their results when this process computed them (output
+    rows a runner with the same model may take instead of inferring them again)."""
 
-    def __call__(self, figures_of: GateFigures | None = None) -> GateRows | None: ...
+    def __call__(self, figures_of: GateFigures | None = None) -> GateVerdict: ...
 
 
 class Committing(Protocol):
@@ -94,9 +94,9 @@ class Committing(Protocol):
 class Runner(Protocol):
     on_progress: Callable[[], None]
 
-    def start(self, gate: Gate) -> None:
+    def start(self, gate: Gate) -> GateVerdict:
         """Get ready to run (model set up, cluster joined); ``gate`` runs the quality gate
-        where the model is set up, before any row is written."""
+        where the model is set up, before any row is written. Returns its verdict."""
         ...
 
     def run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None = None) -> None:

@@ -40,6 +40,8 @@ from ..core.errors import BulkinferError, ModelError, SourceError
 from ..core.layout import HASH_COLUMN
 from ..core.records import ErrorRecord
 from ..core.schema import parse_type
+from ..core.threads import thread
+from ..precision.gate import GateVerdict
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
 from .base import BatchTimeout, Emit, Gate
@@ -82,7 +84,7 @@ class LocalRunner:
         self.assembler = Assembler(cfg.sink.preserve_order, cfg.source.id_column)
 
     # -- the runner contract -------------------------------------------------------
-    def start(self, gate: Gate) -> None:
+    def start(self, gate: Gate) -> GateVerdict:
         """Set the model up in this process, then run the quality gate."""
         t0 = time.perf_counter()
         self.adapter.setup(job_setup_context(self.cfg))
@@ -90,15 +92,16 @@ class LocalRunner:
         # read now: the gate's int8 search reloads the engine (its builds are the gate's time)
         built = dict(getattr(self.adapter, "build_split", None) or {})
         self.reuse.load_previous()
-        rows = gate()
-        if rows is not None:  # the gate's rows, already inferred by this model: output rows
-            self.reuse.seed(rows.inputs, rows.outputs)
+        verdict = gate()
+        if verdict.rows is not None:  # the gate's rows, already inferred by this model: output rows
+            self.reuse.seed(verdict.rows.inputs, verdict.rows.outputs)
         self.stats.setup_split = {  # the model's export and int8 build (when not cached), its load, the gate
             **built,
             "load_s": t1 - t0 - sum(built.values()),
             "gate_s": time.perf_counter() - t1,
         }
         self.stats.mark_running()
+        return verdict
 
     @property
     def dedupe(self) -> bool | None:
@@ -346,10 +349,8 @@ class LocalRunner:
         q: queue.Queue[Any] = queue.Queue(maxsize=self.cfg.runtime.prefetch_batches)
         done: queue.Queue[Any] = queue.Queue(maxsize=2)
         writer_error: list[BaseException] = []
-        producer = threading.Thread(target=self._produce, args=(shards, q), name="bulkinfer-read", daemon=True)
-        writer = threading.Thread(
-            target=self._write_loop, args=(done, commit, writer_error), name="bulkinfer-write", daemon=True
-        )
+        producer = thread(self._produce, shards, q, name="bulkinfer-read")
+        writer = thread(self._write_loop, done, commit, writer_error, name="bulkinfer-write")
         producer.start()
         writer.start()
         states: dict[int, ShardState] = {}
@@ -432,9 +433,9 @@ def _with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
         except BaseException as exc:
             box.append((False, exc))
 
-    thread = threading.Thread(target=target, name="bulkinfer-call", daemon=True)
-    thread.start()
-    thread.join(timeout)
+    call = thread(target, name="bulkinfer-call")
+    call.start()
+    call.join(timeout)
     if not box:
         raise BatchTimeout(f"the model call did not return within {timeout:g} s")
     ok, value = box[0]

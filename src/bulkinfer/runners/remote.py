@@ -38,6 +38,7 @@ from ..core.errors import ConfigError, ModelError
 from ..core.faults import crash_point
 from ..core.records import ErrorRecord
 from ..core.schema import parse_type
+from ..precision.gate import GateVerdict
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
 from ..sources.base import ShardOutput
@@ -80,15 +81,16 @@ class RemoteBatchRunner:
         self.types = {c: parse_type(t) for c, t in cfg.source.column_types.items()}
         self.client: Any = None
 
-    def start(self, gate: Gate) -> None:
+    def start(self, gate: Gate) -> GateVerdict:
         from openai import OpenAI
 
         key = os.environ.get(self.m.api_key_env)
         if not key:
             raise ConfigError(f"model.api_key_env: set {self.m.api_key_env} to the Batch API's key")
         self.client = OpenAI(base_url=self.m.base_url, api_key=key, max_retries=6, timeout=120)
-        gate()
+        verdict = gate()
         self.stats.mark_running()
+        return verdict
 
     def close(self) -> None:
         if self.client is not None:

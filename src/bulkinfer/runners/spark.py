@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,9 @@ from ..adapters import Adapter, job_setup_context
 from ..config import JobConfig
 from ..core import hardware
 from ..core.errors import BulkinferError, ConfigError, ModelError
-from ..precision.settle import after_gate
+from ..core.threads import pool
+from ..precision.gate import GateVerdict
+from ..precision.settle import after_gate, for_workers
 from ..report import RunStats
 from ..sinks import make_sink
 from ..sources import Shard
@@ -114,7 +116,7 @@ class SparkRunner:
         self.task_cpus = int(ex.num_cpus) if "num_cpus" in explicit else None
         sink = make_sink(cfg)  # tasks write to the same output, whatever their working directory
         out = sink.out_dir if isinstance(sink.out_dir, str) else str(sink.out_dir.resolve())
-        self.cfg = cfg.model_copy(update={"sink": cfg.sink.model_copy(update={"path": out})})
+        self.cfg = for_workers(cfg, out)
         self.adapter = adapter
         self.stats = stats
         self.stop = stop
@@ -126,8 +128,9 @@ class SparkRunner:
         self.slots = 0
         self.grouper = Grouper()
 
-    def start(self, gate: Gate) -> None:
+    def start(self, gate: Gate) -> GateVerdict:
         """The quality gate (a lowered precision only) with this process's model, then the session."""
+        verdict = GateVerdict()
         if self.cfg.runtime.precision != "fp32":
             if not hardware.device_here(self.cfg.runtime.device):
                 raise ConfigError(
@@ -136,10 +139,10 @@ class SparkRunner:
                 )
             self.adapter.setup(job_setup_context(self.cfg))
             try:
-                gate()
+                verdict = gate()
             finally:
                 self.adapter.close()
-            self.cfg = after_gate(self.cfg, self.stats.quality)  # every task builds the model the gate chose
+            self.cfg = after_gate(self.cfg, verdict.figures)  # every task builds the model the gate chose
         ex = self.cfg.execution
         self.session, self.started_here = spark_session(ex.spark_master, ex.spark_conf, self.task_cpus)
         sc = self.session.sparkContext
@@ -150,8 +153,9 @@ class SparkRunner:
                 "(spark.task.cpus); drop num_cpus or match them"
             )
         # a task's model runs as many intra-op threads as its task has CPUs
-        self.cfg = self.cfg.model_copy(update={"execution": ex.model_copy(update={"num_cpus": float(cpus)})})
+        self.cfg = for_workers(self.cfg, self.cfg.sink.path, cpus)
         self.slots = max(1, min(ex.workers or sc.defaultParallelism // cpus or 1, sc.defaultParallelism))
+        return verdict
 
     def close(self) -> None:
         master = self.session.sparkContext.master if self.session is not None else None
@@ -176,7 +180,7 @@ class SparkRunner:
         todo = ShardQueue(shards)
         running: dict[Future[dict[str, Any]], _Task] = {}
         self.stats.mark_running()
-        with ThreadPoolExecutor(self.slots, thread_name_prefix="bulkinfer-spark") as pool:
+        with pool(self.slots, "bulkinfer-spark") as tasks:
             try:
                 while todo or running:
                     if self.stop.is_set():
@@ -186,7 +190,7 @@ class SparkRunner:
                         size = self.grouper.size(len(todo), self.slots)
                         group = [todo.popleft() for _ in range(min(size, len(todo)))]
                         payload = {**common, "shards": group, "name_starts": [commit.name_start(x) for x in group]}
-                        running[pool.submit(self._job, payload)] = _Task(group)
+                        running[tasks.submit(self._job, payload)] = _Task(group)
                     done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
                     for future in done:
                         self._accept(commit, running.pop(future), future)

@@ -17,7 +17,6 @@ from ..commit.committer import PartStamp, stage_routed
 from ..commit.routing import compile_routes
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ModelError
-from ..core.records import redact
 from ..core.storage import use_storage_options
 from ..precision.gate import gate_figures
 from ..precision.settle import settle
@@ -50,7 +49,6 @@ class Worker:
 
     def __init__(self, cfg_json: dict[str, Any], cwd: str, paths: list[str]) -> None:
         self.cfg = enter(cfg_json, cwd, paths)
-        redact(self.cfg.execution.redact)  # a worker's error records withhold values as the driver's do
         self.sink = make_sink(self.cfg)
         self.routes = compile_routes(self.cfg)
         self.runner: Splittable | None = None

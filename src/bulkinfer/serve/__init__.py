@@ -39,9 +39,6 @@ def serve(cfg: JobConfig) -> None:
             "serving on %s without serve.api_keys_file: anyone who can reach this address can call the model",
             sv.host,
         )
-    from ..core.records import redact
-
-    redact(cfg.execution.redact)
     app = build_app(cfg)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.serve.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -81,7 +81,9 @@ class _Routes:
                 404, f"id {key!r} is not among {index.describe()}; "
                 f"add ?fallback=live&<{cols}>=... to compute it", "not_found",
             )  # fmt: skip
-        values = live_inputs(key, request.query_params, server.adapter.input_columns, server.model.kind)
+        values = live_inputs(
+            key, request.query_params, server.adapter.input_columns, server.model.kind, server.cfg.execution.redact
+        )
         table = server.check_rows([{**values, index.id_column: index.parse_id(key)}])
         answer = await server.infer(table)
         return JSONResponse({"id": key, "answered_by": "live", "row": server.answer_rows(table, answer.columns)[0]})

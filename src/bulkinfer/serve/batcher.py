@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from ..adapters import Adapter, predict_features
 from ..core.batching import bisect_call
+from ..core.threads import thread
 from .share import ModelShare
 
 __all__ = ["Answer", "Batcher", "Overloaded", "measure_call_overhead"]
@@ -79,7 +80,7 @@ class Batcher:
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._held: _Request | None = None  # the request that did not fit in the last batch
-        self._thread = threading.Thread(target=self._loop, name="bulkinfer-batcher", daemon=True)
+        self._thread = thread(self._loop, name="bulkinfer-batcher")
         self._thread.start()
 
     def submit(self, table: pa.Table) -> Future[Answer]:

@@ -30,6 +30,7 @@ from typing import Any
 from ..adapters import Adapter
 from ..config import JobConfig
 from ..core.errors import BulkinferError, Interrupted
+from ..core.threads import thread
 from .audit import AuditLog
 from .batch_jobs import job_config, run_batch, stopped_files, validate
 from .files import FileStore, StoredFile, link_or_copy, write_json
@@ -121,7 +122,7 @@ class BatchQueue:
             t.join(max(0.0, deadline - time.monotonic()))
 
     def _spawn(self, target: Callable[..., None], *args: Any, name: str = "bulkinfer-batch") -> None:
-        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        t = thread(target, *args, name=name)
         self._threads.append(t)
         t.start()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from .webhooks import Webhooks
 
 if TYPE_CHECKING:
     from .redis_results import RedisResults
+from ..core.threads import thread
 from .validation import ApiError, check_rows
 
 __all__ = ["Server"]
@@ -91,9 +91,9 @@ class Server:
 
     def start(self) -> None:
         """Set the model up in the background; /readyz turns 200 when it is loaded."""
-        threading.Thread(target=self._setup, name="bulkinfer-setup", daemon=True).start()
+        thread(self._setup, name="bulkinfer-setup").start()
         if self.sv.reload_s > 0:
-            threading.Thread(target=self._watch, name="bulkinfer-reload", daemon=True).start()
+            thread(self._watch, name="bulkinfer-reload").start()
         if self.batches is not None:
             self.webhooks.start()
             self.batches.start()
@@ -176,10 +176,10 @@ class Server:
             where = f"{rows}[{pos}]: " if table.num_rows > 1 or rows != "rows" else ""
             raise ApiError(400, f"{where}{error}", "invalid_request") from None
         except BulkinferError as exc:
-            refused = withheld(str(exc), type(exc).__name__)
+            refused = withheld(str(exc), type(exc).__name__, self.cfg.execution.redact)
             raise ApiError(422, f"the model refused this request: {refused}", "model_error") from None
         except Exception as exc:
-            message = withheld(" ".join(str(exc).split())[:300], type(exc).__name__)
+            message = withheld(" ".join(str(exc).split())[:300], type(exc).__name__, self.cfg.execution.redact)
             raise ApiError(
                 422, f"the model failed on this request: {type(exc).__name__}: {message}", "model_error"
             ) from None

@@ -12,8 +12,6 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.records import redacting
-
 __all__ = ["ApiError", "JSONResponse", "check_rows", "live_inputs", "read_body"]
 
 NUMERIC_KINDS = ("tabular", "onnx")
@@ -104,8 +102,11 @@ def check_rows(
     return pa.table(data)
 
 
-def live_inputs(key: str, query: Mapping[str, str], input_columns: Sequence[str], kind: str) -> dict[str, Any]:
-    """The model's inputs for a live answer to ``GET /v1/results/{id}``, from the query string."""
+def live_inputs(
+    key: str, query: Mapping[str, str], input_columns: Sequence[str], kind: str, redact: bool = False
+) -> dict[str, Any]:
+    """The model's inputs for a live answer to ``GET /v1/results/{id}``, from the query string
+    (``redact``: a value that is not a number is not quoted back)."""
     values: dict[str, Any] = {}
     for col in input_columns:
         if col not in query:
@@ -117,7 +118,7 @@ def live_inputs(key: str, query: Mapping[str, str], input_columns: Sequence[str]
             try:
                 values[col] = float(query[col])
             except ValueError:
-                got = "a value that is not one" if redacting() else repr(query[col])
+                got = "a value that is not one" if redact else repr(query[col])
                 raise ApiError(422, f"{col}: expected a number, got {got}", "invalid_request") from None
     return values
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.threads import thread
 from .files import write_json
 
 __all__ = ["Webhooks", "sign"]
@@ -65,7 +66,7 @@ class Webhooks:
     def start(self) -> None:
         if self.url:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._thread = threading.Thread(target=self._loop, name="bulkinfer-webhooks", daemon=True)
+            self._thread = thread(self._loop, name="bulkinfer-webhooks")
             self._thread.start()
 
     def close(self) -> None:

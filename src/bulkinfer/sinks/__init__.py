@@ -43,31 +43,35 @@ __all__ = [
 
 def make_sink(cfg: JobConfig) -> Sink:
     """The sink ``cfg.sink`` describes: a folder, or an object-store prefix (any fsspec URI)."""
-    sk = cfg.sink
+    sk, redact = cfg.sink, cfg.execution.redact
     if sk.format == "delta":
         if is_remote(sk.path):
             raise ConfigError("sink.format: delta writes a table in a local or shared folder, not an object store")
         from .delta import DeltaSink
 
-        return DeltaSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.compression)
+        return DeltaSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.compression, redact)
     if is_remote(sk.path):
         from .objects import ObjectSink
 
-        return ObjectSink(sk.path, sk.format, sk.compression, sk.storage_options)
-    return FileSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.format, sk.compression)
+        return ObjectSink(sk.path, sk.format, sk.compression, sk.storage_options, redact)
+    return FileSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.format, sk.compression, redact)
 
 
 def make_exports(cfg: JobConfig) -> list[ExportTarget]:
     """The ``[[export]]`` targets (they get the rows of the default route)."""
-    return [make_target(spec, f"export[{i}]") for i, spec in enumerate(cfg.export)]
+    return [make_target(spec, f"export[{i}]", cfg.execution.redact) for i, spec in enumerate(cfg.export)]
 
 
 def make_route_targets(cfg: JobConfig) -> dict[str, list[ExportTarget]]:
     """Each route's targets, by route name."""
-    return {r.name: [make_target(s, f"route[{r.name}].export[{i}]") for i, s in enumerate(r.export)] for r in cfg.route}
+    redact = cfg.execution.redact
+    return {
+        r.name: [make_target(s, f"route[{r.name}].export[{i}]", redact) for i, s in enumerate(r.export)]
+        for r in cfg.route
+    }
 
 
-def make_target(spec: ExportConfig, where: str) -> ExportTarget:
+def make_target(spec: ExportConfig, where: str, redact: bool = False) -> ExportTarget:
     if spec.kind == "redis":
         from .redis import RedisTarget
 
@@ -75,7 +79,7 @@ def make_target(spec: ExportConfig, where: str) -> ExportTarget:
     if spec.kind == "postgres":
         from .postgres import PostgresTarget
 
-        return PostgresTarget(spec, where)
+        return PostgresTarget(spec, where, redact)
     if spec.kind == "redis_stream":
         from .streams import RedisStreamTarget
 

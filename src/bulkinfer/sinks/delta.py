@@ -47,8 +47,8 @@ def table_files(out_dir: Path) -> set[str]:
 class DeltaSink(FileSink):
     """Parquet parts committed to a Delta table in ``out_dir``, one idempotent commit per part."""
 
-    def __init__(self, out_dir: Path, compression: str = "zstd") -> None:
-        super().__init__(out_dir, "delta", compression)
+    def __init__(self, out_dir: Path, compression: str = "zstd", redact: bool = False) -> None:
+        super().__init__(out_dir, "delta", compression, redact)
 
     def withdraw(self, staged: StagedOutput, published: Published) -> None:
         """Only the error file: the part is in the Delta log already (a Delta reader's commit), and

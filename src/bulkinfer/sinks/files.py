@@ -176,11 +176,12 @@ def _write_error(path: Path, what: str, exc: OSError) -> OutputError:
 class FileSink:
     """Parts in ``out_dir``, error records in ``out_dir/_errors`` (see :mod:`.base` for the lifecycle)."""
 
-    def __init__(self, out_dir: Path, fmt: str = "parquet", compression: str = "zstd") -> None:
+    def __init__(self, out_dir: Path, fmt: str = "parquet", compression: str = "zstd", redact: bool = False) -> None:
         self.out_dir = out_dir
         self.errors_dir = out_dir / ERRORS
         self.format = fmt
         self.compression = compression
+        self.redact = redact  # error files withhold the rows' values (execution.redact)
 
     def start(self) -> None:
         try:
@@ -196,12 +197,14 @@ class FileSink:
         if out.errors:
             self.errors_dir.mkdir(exist_ok=True)
             errors_name = f"{name}.jsonl" if name else part_name(shard.index, "jsonl", start)
-            errors = stage_bytes(self.errors_dir, errors_name, encode_records(out.errors), len(out.errors), tag)
+            errors = stage_bytes(
+                self.errors_dir, errors_name, encode_records(out.errors, self.redact), len(out.errors), tag
+            )
         if out.table.num_rows:
             data = serialize(out.table, self.format, self.compression)
             final = name + EXTENSIONS[self.format] if name else part_name(shard.index, self.format, start)
             part = stage_bytes(self.out_dir, final, data, out.table.num_rows, tag)
-        first = out.errors[0].headline() if out.errors else None
+        first = out.errors[0].withheld(self.redact).headline() if out.errors else None
         unit = name or part_name(shard.index, self.format, start).removesuffix(EXTENSIONS[self.format])
         return StagedOutput(shard, part, errors, out.failed, first, unit)
 

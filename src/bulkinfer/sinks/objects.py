@@ -207,9 +207,15 @@ class ObjectSink:
     """Parts under an object-store prefix (see the module docstring for how they are published)."""
 
     def __init__(
-        self, uri: str, fmt: str = "parquet", compression: str = "zstd", options: Mapping[str, Any] | None = None
+        self,
+        uri: str,
+        fmt: str = "parquet",
+        compression: str = "zstd",
+        options: Mapping[str, Any] | None = None,
+        redact: bool = False,
     ) -> None:
         self.store = ObjectStore(uri, options or {})
+        self.redact = redact  # error files withhold the rows' values (execution.redact)
         self.out_dir = self.store.uri
         self.format = fmt
         self.compression = compression
@@ -228,12 +234,12 @@ class ObjectSink:
         errors = part = None
         if out.errors:
             errors_name = f"{name}.jsonl" if name else part_name(shard.index, "jsonl", start)
-            errors = self._stage(errors_name, f"{ERRORS}/", encode_records(out.errors), len(out.errors))
+            errors = self._stage(errors_name, f"{ERRORS}/", encode_records(out.errors, self.redact), len(out.errors))
         if out.table.num_rows:
             data = serialize(out.table, self.format, self.compression)
             final = name + EXTENSIONS[self.format] if name else part_name(shard.index, self.format, start)
             part = self._stage(final, "", data, out.table.num_rows)
-        first = out.errors[0].headline() if out.errors else None
+        first = out.errors[0].withheld(self.redact).headline() if out.errors else None
         unit = name or part_name(shard.index, self.format, start).removesuffix(EXTENSIONS[self.format])
         return StagedOutput(shard, part, errors, out.failed, first, unit)
 

@@ -35,7 +35,8 @@ def _ident(name: str) -> str:
 
 
 class PostgresTarget:
-    def __init__(self, spec: PostgresExport, where: str) -> None:
+    def __init__(self, spec: PostgresExport, where: str, redact: bool = False) -> None:
+        self.redact = redact  # the server's refusals may quote a row's values (execution.redact)
         if not spec.dsn:
             raise ConfigError(f"{where}.dsn: no connection string (postgresql://user@host:port/db)")
         self.spec = spec
@@ -113,7 +114,9 @@ class PostgresTarget:
         try:
             retrying(lambda: self._write_once(part, table), what, self._errors, on_retry=self._reconnect)
         except psycopg.Error as exc:  # not a connection problem: the server refused the rows
-            why = withheld(" ".join(str(exc).split())[:300], type(exc).__name__)  # it may quote a row's values
+            why = withheld(
+                " ".join(str(exc).split())[:300], type(exc).__name__, self.redact
+            )  # it may quote a row's values
             raise OutputError(f"{what}: {type(exc).__name__}: {why}") from exc
 
     def complete(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from ...adapters import resolve_model
 from ...config import ExecutionConfig, JobConfig
 from ...core.errors import BulkinferError, ClusterError, ConfigError
+from ...precision.settle import on_a_worker
 from ...precision.tune import auto_precision
 from ..worker import enter
 
@@ -115,7 +116,7 @@ def auto_on_cluster(cfg: JobConfig) -> tuple[str, str, str]:
             "runtime.precision = auto: runtime.device = %s and this driver has no GPU; it is resolved on a worker",
             cfg.runtime.device,
         )
-        there = cfg.model_copy(update={"execution": ex.model_copy(update={"backend": "local"})})
+        there = on_a_worker(cfg)
         task = ray.remote(_auto_on_worker).options(num_cpus=ex.num_cpus, num_gpus=ex.num_gpus, max_retries=0)
         try:
             got = ray.get(task.remote(there.model_dump(mode="json"), os.getcwd(), [os.getcwd(), *sys.path]))

@@ -18,8 +18,8 @@ from typing import Any
 from ...adapters import Adapter, job_setup_context
 from ...config import JobConfig
 from ...core.errors import BulkinferError, ClusterError, ConfigError, ModelError
-from ...precision.gate import sample_shards
-from ...precision.settle import after_gate
+from ...precision.gate import GateVerdict, sample_shards
+from ...precision.settle import after_gate, for_workers
 from ...report import RunStats
 from ...sinks import StagedOutput, make_sink
 from ...sources import Shard
@@ -72,7 +72,7 @@ class RayRunner:
         # workers write to the same output, whatever their working directory
         sink = make_sink(cfg)
         out = sink.out_dir if isinstance(sink.out_dir, str) else str(sink.out_dir.resolve())
-        self.cfg = cfg.model_copy(update={"sink": cfg.sink.model_copy(update={"path": out})})
+        self.cfg = for_workers(cfg, out)
         self.adapter = adapter
         self.on_progress: Callable[[], None] = lambda: None
         self.ex = cfg.execution
@@ -98,15 +98,16 @@ class RayRunner:
         self.worker_busy_s = 0.0
 
     # -- the runner contract -----------------------------------------------------------
-    def start(self, gate: Gate) -> None:
+    def start(self, gate: Gate) -> GateVerdict:
         """Run the quality gate (only a lowered precision has one) before any worker starts:
         here, or on a worker started for it when this driver lacks the job's device (a GPU
         job's driver on a CPU head node); then join the cluster."""
+        verdict = GateVerdict()
         if self.cfg.runtime.precision != "fp32":
             if self._device_here():
                 self.adapter.setup(job_setup_context(self.cfg))
                 try:
-                    gate()
+                    verdict = gate()
                 finally:
                     self.adapter.close()
             else:
@@ -116,9 +117,10 @@ class RayRunner:
                     "quality gate: runtime.device = %s and this driver has no GPU; the gate runs on a worker",
                     self.cfg.runtime.device,
                 )
-                gate(self._gate_on_cluster)
-            self.cfg = after_gate(self.cfg, self.stats.quality)  # every worker builds the model the gate chose
+                verdict = gate(self._gate_on_cluster)
+            self.cfg = after_gate(self.cfg, verdict.figures)  # every worker builds the model the gate chose
         self.connect()
+        return verdict
 
     def _device_here(self) -> bool:
         """Whether this process can run the job's device (a GPU job's driver often has none)."""
