@@ -38,7 +38,7 @@ from .core.layout import HASH_COLUMN
 from .core.storage import storage_options_for
 from .plan import JobPlan, job_identity, make_plan
 from .precision.gate import GateVerdict, job_quality_gate
-from .precision.settle import Settled, settle, with_column_types
+from .precision.settle import Settled, for_workers, settle, with_column_types
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
 from .report.lineage import Lineage
@@ -130,8 +130,9 @@ def _run_job(
     sink.start()
     with open_ledger(sink) as ledger:
         # plan (or take the plan of the run this one resumes)
-        draft = make_plan(job.cfg, job.model, job.adapter, ledger.read_plan(), retry_errors=retry_errors)
-        plan = ledger.begin(draft, job.cfg.execution.overwrite)
+        stored = ledger.read_plan()  # job.json, read once under the lock
+        draft = make_plan(job.cfg, job.model, job.adapter, stored, retry_errors=retry_errors)
+        plan = ledger.begin(draft, job.cfg.execution.overwrite, stored)
         lineage = Lineage(job.cfg, plan, job.model, str(sink.out_dir))
         lineage.start()
         stats, left = resume(job.cfg, ledger, plan)
@@ -340,6 +341,9 @@ def execute(
         def gate(figures_of: GateFigures | None = None) -> GateVerdict:
             return GateVerdict(*job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of))
 
+        if backend in ("ray", "spark"):  # workers write to the same output, whatever their working directory
+            out = sink.out_dir
+            cfg = for_workers(cfg, out if isinstance(out, str) else str(Path(out).resolve()))
         runner = make_runner(cfg, job.adapter, stats, stop, backend, ledger)
         stats.quality = runner.start(gate).figures  # the report's copy of the verdict
         try:

@@ -71,15 +71,23 @@ def test_begin_refuses_other_job_unless_overwrite(tmp_path):
     led = Ledger(tmp_path)
     led.acquire()
     job = {"fingerprint": "a", "model_digest": "m1", "inputs": [], "identity": {"x": 1}, "shards": []}
-    led.begin(JobPlan.from_json(job), overwrite=False)
+    led.begin(JobPlan.from_json(job), overwrite=False, stored=led.read_plan())
     assert led.read_plan() == JobPlan.from_json(job)
     led.commit(Commit.of(0, 0, 1, _part(0)))
     (tmp_path / "part-00000.parquet").write_text("x")
     with pytest.raises(JobMismatchError, match="model changed"):
-        led.begin(JobPlan.from_json({**job, "fingerprint": "b", "model_digest": "m2"}), overwrite=False)
+        led.begin(
+            JobPlan.from_json({**job, "fingerprint": "b", "model_digest": "m2"}),
+            overwrite=False,
+            stored=led.read_plan(),
+        )
     with pytest.raises(JobMismatchError, match=r"config changed: x"):
-        led.begin(JobPlan.from_json({**job, "fingerprint": "b", "identity": {"x": 2}}), overwrite=False)
-    led.begin(JobPlan.from_json({**job, "fingerprint": "b"}), overwrite=True)
+        led.begin(
+            JobPlan.from_json({**job, "fingerprint": "b", "identity": {"x": 2}}),
+            overwrite=False,
+            stored=led.read_plan(),
+        )
+    led.begin(JobPlan.from_json({**job, "fingerprint": "b"}), overwrite=True, stored=led.read_plan())
     assert led.commits() == []
     assert not (tmp_path / "part-00000.parquet").exists()
     led.release()
@@ -90,7 +98,7 @@ def test_foreign_directory_is_refused(tmp_path):
     led = Ledger(tmp_path)
     led.acquire()
     with pytest.raises(Exception, match="not a bulkinfer output"):
-        led.begin(JobPlan.from_json({"fingerprint": "a", "shards": []}), overwrite=False)
+        led.begin(JobPlan.from_json({"fingerprint": "a", "shards": []}), overwrite=False, stored=led.read_plan())
     led.release()
 
 

@@ -133,7 +133,7 @@ class OutputLedger(Protocol):
     def __enter__(self) -> OutputLedger: ...
     def __exit__(self, *exc: object) -> None: ...
     def read_plan(self) -> JobPlan | None: ...
-    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan: ...
+    def begin(self, plan: JobPlan, overwrite: bool, stored: JobPlan | None) -> JobPlan: ...
     def commits(self, repair: bool = True) -> list[Commit]: ...
     def iter_commits(self, repair: bool = True) -> Iterator[Commit]:
         """The commits one at a time (a folder's log is read as it goes)."""
@@ -181,9 +181,11 @@ class JobStart:
     def start_job(self, plan: JobPlan) -> None:
         raise NotImplementedError
 
-    def begin(self, plan: JobPlan, overwrite: bool) -> JobPlan:
-        """Start or resume ``plan``'s job here; return the plan in force (the stored one on a resume)."""
-        existing = self.read_plan()
+    def begin(self, plan: JobPlan, overwrite: bool, stored: JobPlan | None) -> JobPlan:
+        """Start or resume ``plan``'s job here; return the plan in force (the stored one on a
+        resume). ``stored``: this output's plan as the caller read it under the lock (once: the
+        draft ``plan`` was made from it too)."""
+        existing = stored
         if existing is not None and existing.fingerprint == plan.fingerprint:
             return existing
         if existing is not None and not overwrite:

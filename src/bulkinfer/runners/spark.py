@@ -43,7 +43,6 @@ from ..core.threads import pool
 from ..precision.gate import GateVerdict
 from ..precision.settle import after_gate, for_workers
 from ..report import RunStats
-from ..sinks import make_sink
 from ..sources import Shard
 from ..spark.session import spark_session
 from .base import Committing, Gate, publish_results
@@ -114,9 +113,7 @@ class SparkRunner:
         if ex.num_cpus != int(ex.num_cpus):
             raise ConfigError(f"execution.num_cpus = {ex.num_cpus:g}: Spark tasks take whole CPUs (spark.task.cpus)")
         self.task_cpus = int(ex.num_cpus) if "num_cpus" in explicit else None
-        sink = make_sink(cfg)  # tasks write to the same output, whatever their working directory
-        out = sink.out_dir if isinstance(sink.out_dir, str) else str(sink.out_dir.resolve())
-        self.cfg = for_workers(cfg, out)
+        self.cfg = cfg  # the tasks' view: the output's absolute path (settle.for_workers, by the job)
         self.adapter = adapter
         self.stats = stats
         self.stop = stop

@@ -19,9 +19,9 @@ from ...adapters import Adapter, job_setup_context
 from ...config import JobConfig
 from ...core.errors import BulkinferError, ClusterError, ConfigError, ModelError
 from ...precision.gate import GateVerdict, sample_shards
-from ...precision.settle import after_gate, for_workers
+from ...precision.settle import after_gate
 from ...report import RunStats
-from ...sinks import StagedOutput, make_sink
+from ...sinks import StagedOutput
 from ...sources import Shard
 from ..base import Committing, Gate, publish_results
 from ..grouping import Grouper, ShardQueue
@@ -69,10 +69,7 @@ class RayRunner:
     """Runs shards on Ray actors; ``commit.publish`` commits each staged result."""
 
     def __init__(self, cfg: JobConfig, adapter: Adapter, stats: RunStats, stop: threading.Event) -> None:
-        # workers write to the same output, whatever their working directory
-        sink = make_sink(cfg)
-        out = sink.out_dir if isinstance(sink.out_dir, str) else str(sink.out_dir.resolve())
-        self.cfg = for_workers(cfg, out)
+        self.cfg = cfg  # the workers' view: the output's absolute path (settle.for_workers, by the job)
         self.adapter = adapter
         self.on_progress: Callable[[], None] = lambda: None
         self.ex = cfg.execution
