@@ -6,8 +6,8 @@ The public API is what ``__all__`` lists; everything else is private and may cha
 from __future__ import annotations
 
 from ._version import __version__
-from .adapters.base import Adapter, SetupContext
 from .adapters.image import ImageAdapter
+from .adapters.protocol import Adapter, SetupContext
 from .config import JobConfig, load_config
 from .core.errors import (
     BulkinferError,

@@ -66,7 +66,7 @@ def test_a_resumed_tail_of_a_tar_shard_reads_its_own_rows(tmp_path):
 
 def test_video_frame_batches_are_cut_by_bytes(tmp_path):
     from bulkinfer.config import SourceConfig
-    from bulkinfer.sources.base import BATCH_BYTES
+    from bulkinfer.sources.shard import BATCH_BYTES
 
     from pictures import write_video
 

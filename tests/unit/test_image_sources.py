@@ -139,7 +139,7 @@ def test_a_linked_picture_or_table_is_listed_as_its_target(tmp_path):
 
 
 def test_picture_batches_are_cut_by_bytes_not_only_by_rows(tmp_path):
-    from bulkinfer.sources.base import BATCH_BYTES
+    from bulkinfer.sources.shard import BATCH_BYTES
 
     (tmp_path / "big").mkdir()
     for i in range(10):

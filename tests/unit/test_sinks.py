@@ -68,7 +68,7 @@ def _group(tmp_path, n: int):
     from bulkinfer.report import RunStats
     from bulkinfer.sinks import make_sink
     from bulkinfer.sources import Shard
-    from bulkinfer.sources.base import ShardOutput
+    from bulkinfer.sources.shard import ShardOutput
 
     cfg = load_config(overrides={"sink.path": str(tmp_path / "out"), "source.paths": ["x.jsonl"], "model.name": "x:y",
                                  "execution.max_error_rate": 1.0})  # fmt: skip

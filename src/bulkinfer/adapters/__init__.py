@@ -16,7 +16,8 @@ from pathlib import Path
 from ..config import JobConfig, ModelConfig, RuntimeConfig
 from ..core.errors import ConfigError, ModelError
 from ..core.hardware import available_cpus
-from .base import (
+from .digest import custom_digest, digest_path
+from .protocol import (
     Adapter,
     RowsRejected,
     SetupContext,
@@ -25,7 +26,6 @@ from .base import (
     to_arrow_column,
     to_numpy_column,
 )
-from .digest import custom_digest, digest_path
 
 __all__ = [
     "GPU_BATCH_SIZES",

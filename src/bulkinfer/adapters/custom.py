@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..core.errors import ModelError
-from .base import Adapter
+from .protocol import Adapter
 
 __all__ = ["FunctionAdapter", "add_import_paths", "load_custom"]
 

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..llm.openai_api import EMBEDDINGS, BadRequest, batch_request, dumps, embeddings_body, embeddings_inputs
-from .base import Adapter, RowsRejected, SetupContext, to_numpy_column
 from .generate import REQUEST_COLUMNS
+from .protocol import Adapter, RowsRejected, SetupContext, to_numpy_column
 
 __all__ = ["EmbeddingRequests"]
 

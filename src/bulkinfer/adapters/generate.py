@@ -47,7 +47,7 @@ from ..llm.openai_api import (
     generation_request,
 )
 from ..llm.prompts import chat_prompt, message_columns, render, template_columns
-from .base import Adapter, RowsRejected, SetupContext
+from .protocol import Adapter, RowsRejected, SetupContext
 
 __all__ = [
     "GenerateAdapter",

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ModelError
-from .base import Adapter, RowsRejected, SetupContext
 from .decode import BadImage, DecodePool, Reduced
+from .protocol import Adapter, RowsRejected, SetupContext
 
 __all__ = ["DEFAULT_BUDGET_MB", "ImageAdapter"]
 

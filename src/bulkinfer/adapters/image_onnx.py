@@ -29,8 +29,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.errors import ConfigError, ModelError
-from .base import SetupContext
 from .image import ImageAdapter, stack
+from .protocol import SetupContext
 
 __all__ = ["DETECTIONS", "LABELS", "ImageOnnxAdapter", "VisionOptions"]
 

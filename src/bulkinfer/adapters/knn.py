@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, ModelError
 from ..core.storage import file_version
 from ..engines.ann import load_faiss, load_index_meta, valid_vectors
-from .base import Adapter, SetupContext, predict_table
+from .protocol import Adapter, SetupContext, predict_table
 
 if TYPE_CHECKING:
     from ..config import JobConfig

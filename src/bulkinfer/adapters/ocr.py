@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ModelError
-from .base import SetupContext
 from .image import ImageAdapter
+from .protocol import SetupContext
 
 __all__ = ["LINES", "OcrAdapter"]
 

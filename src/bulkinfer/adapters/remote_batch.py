@@ -30,8 +30,8 @@ from ..config import ModelConfig
 from ..core.errors import ConfigError
 from ..llm.openai_api import CHAT, EMBEDDINGS
 from ..llm.prompts import message_columns, render, template_columns
-from .base import Adapter
 from .generate import expanded, json_columns, load_schema
+from .protocol import Adapter
 
 __all__ = ["RemoteRequests", "remote_digest"]
 

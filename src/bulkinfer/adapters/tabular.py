@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ConfigError, ModelError
-from .base import Adapter, SetupContext
+from .protocol import Adapter, SetupContext
 
 __all__ = ["TabularAdapter"]
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ModelError
-from .base import Adapter, RowsRejected, SetupContext
+from .protocol import Adapter, RowsRejected, SetupContext
 from .tokenizer import load_tokenizer
 
 __all__ = ["TextEmbeddingAdapter", "is_sentence_transformers_dir"]

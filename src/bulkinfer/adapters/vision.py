@@ -12,10 +12,10 @@ from typing import Any
 from ..config import JobConfig
 from ..core.errors import ConfigError, ModelError
 from ..core.hardware import emulated
-from .base import Adapter
 from .decode import Reduced
 from .digest import digest_path
 from .image import ImageAdapter
+from .protocol import Adapter
 
 __all__ = ["fit_image_adapter", "packaged_model", "vision_adapter"]
 

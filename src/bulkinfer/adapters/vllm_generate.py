@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import ModelError
-from .base import SetupContext
 from .generate import GenerateAdapter, Prompts
+from .protocol import SetupContext
 
 __all__ = ["VllmGenerateAdapter"]
 

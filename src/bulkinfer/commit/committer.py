@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from ..config import JobConfig
     from ..report import RunStats
     from ..sinks import Sink, StagedOutput
-    from ..sinks.base import Published
     from ..sinks.exports import ExportTarget
+    from ..sinks.lifecycle import Published
     from ..sources import Shard
-    from ..sources.base import ShardOutput
+    from ..sources.shard import ShardOutput
 
 __all__ = [
     "PROVENANCE_KEY",

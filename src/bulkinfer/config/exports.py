@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator
 
 from ..core.errors import ConfigError
-from .base import Section
+from .section import Section
 
 
 class RedisExport(Section):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from ..core.errors import ConfigError
-from .base import Section
 from .execution import ExecutionConfig
 from .exports import (
     ExportConfig,
@@ -14,6 +13,7 @@ from .exports import (
 from .model import ModelConfig
 from .operations import CostConfig, IndexConfig, LineageConfig, MonitorConfig
 from .runtime import RuntimeConfig
+from .section import Section
 from .serve import ServeConfig
 from .sink import SinkConfig
 from .source import SourceConfig

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from ..core.errors import ConfigError
-from .base import Section
+from .section import Section
 
 
 class RuntimeConfig(Section):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .base import Section
+from .section import Section
 
 
 class ServeConfig(Section):

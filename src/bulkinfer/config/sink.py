@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import Section
+from .section import Section
 
 
 class SinkConfig(Section):

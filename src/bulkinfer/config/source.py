@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..core.media import looks_like_images, looks_like_tars, looks_like_videos
-from .base import Section
+from .section import Section
 
 
 class VideoConfig(Section):

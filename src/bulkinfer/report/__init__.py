@@ -1,5 +1,6 @@
 """What a run did, read from its events (never deciding anything): counters (``stats``),
-the progress display (``progress``), ``report.json`` and Prometheus (``output``)."""
+the progress display (``progress``), ``report.json``, ``metrics.prom`` and prices (``publish``),
+column statistics and drift (``columns``, ``drift``), lineage events (``lineage``)."""
 
 from __future__ import annotations
 

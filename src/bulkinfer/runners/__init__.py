@@ -1,4 +1,4 @@
-"""Where shards run, behind one contract (``base``): ``local`` (this process, threads), ``ray``
+"""Where shards run, behind one contract (``contract``): ``local`` (this process, threads), ``ray``
 (actors; only that package imports ray) and ``spark`` (tasks; with :mod:`bulkinfer.spark`, the
 only importers of pyspark), the last two through the same ``worker``. :func:`make_runner` picks one."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .base import BatchTimeout, Committing, Emit, Runner, ShardOutput
+from .contract import BatchTimeout, Committing, Emit, Runner, ShardOutput
 from .local import LocalRunner
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from ..core.threads import thread
 from ..precision.gate import GateVerdict
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
-from .base import BatchTimeout, Emit, Gate
+from .contract import BatchTimeout, Emit, Gate
 from .reuse import WindowReuse
 from .window import Assembler, Batch, Failure, ShardEnd, ShardState, WindowEnd, isolate, row_id
 
@@ -111,7 +111,7 @@ class LocalRunner:
     def close(self) -> None:
         self.adapter.close()
 
-    # -- splitting (stragglers): the protocol in runners/base.py -------------------
+    # -- splitting (stragglers): the protocol in runners/contract.py -------------------
     def progress(self) -> dict[int, int]:
         """The first row not yet read of each shard still being read."""
         with self._lock:

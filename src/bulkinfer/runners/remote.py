@@ -41,8 +41,8 @@ from ..core.schema import parse_type
 from ..precision.gate import GateVerdict
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
-from ..sources.base import ShardOutput
-from .base import Committing, Gate
+from ..sources.shard import ShardOutput
+from .contract import Committing, Gate
 from .window import row_id
 
 __all__ = ["RemoteBatchRunner"]

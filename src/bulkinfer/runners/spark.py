@@ -45,7 +45,7 @@ from ..precision.settle import after_gate, for_workers
 from ..report import RunStats
 from ..sources import Shard
 from ..spark.session import spark_session
-from .base import Committing, Gate, publish_results
+from .contract import Committing, Gate, publish_results
 from .grouping import Grouper, ShardQueue
 from .worker import Worker
 

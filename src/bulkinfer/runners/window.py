@@ -22,7 +22,7 @@ from ..core.errors import BulkinferError, ModelError
 from ..core.layout import HASH_COLUMN, result_columns
 from ..core.records import ErrorRecord
 from ..sources import Shard
-from ..sources.base import ShardOutput
+from ..sources.shard import ShardOutput
 from .reuse import Reuse
 
 __all__ = ["Assembler", "Batch", "Failure", "ShardEnd", "ShardState", "WindowEnd", "isolate", "row_id"]

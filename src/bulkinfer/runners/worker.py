@@ -23,8 +23,8 @@ from ..precision.settle import settle
 from ..report import RunStats
 from ..sinks import make_sink
 from ..sources import Shard
-from ..sources.base import ShardOutput
-from .base import Splittable
+from ..sources.shard import ShardOutput
+from .contract import Splittable
 from .local import LocalRunner
 from .reuse import WindowReuse
 from .window import Assembler

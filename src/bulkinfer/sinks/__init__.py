@@ -1,4 +1,4 @@
-"""Where results go: the sink lifecycle (``base``), the file sink (``files``: a local or
+"""Where results go: the sink lifecycle (``lifecycle``), the file sink (``files``: a local or
 shared folder, Parquet/JSONL/CSV parts renamed into place), the object-store and Delta sinks,
 and the export targets (``exports``: the contract; one module per target). Both factories,
 :func:`make_sink` and :func:`make_target`, live here: a new sink or target is one module and
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from ..core.errors import ConfigError
 from ..core.layout import ERRORS
 from ..core.storage import is_remote
-from .base import Part, Published, Sink, Staged, StagedOutput
 from .exports import ExportTarget
 from .files import EXTENSIONS, FileSink, part_name, serialize, write_bytes, write_part
+from .lifecycle import Part, Published, Sink, Staged, StagedOutput
 
 if TYPE_CHECKING:
     from ..config import ExportConfig, JobConfig

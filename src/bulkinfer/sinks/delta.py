@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from ..core.errors import OutputError
 from ..core.faults import crash_point
-from .base import Part, Published, StagedOutput
 from .files import FileSink
+from .lifecycle import Part, Published, StagedOutput
 
 __all__ = ["DeltaSink", "table_files"]
 

@@ -23,8 +23,8 @@ from ..core.errors import OutputError
 from ..core.faults import crash_point, io_point
 from ..core.layout import ERRORS
 from ..core.records import encode_records
-from ..sources.base import ShardOutput
-from .base import Part, Published, Staged, StagedOutput
+from ..sources.shard import ShardOutput
+from .lifecycle import Part, Published, Staged, StagedOutput
 
 __all__ = [
     "ERRORS",

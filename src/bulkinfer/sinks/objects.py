@@ -27,9 +27,9 @@ from ..core.errors import ConfigError, OutputError
 from ..core.faults import crash_point
 from ..core.layout import ERRORS
 from ..core.records import encode_records
-from ..sources.base import ShardOutput
-from .base import Part, Published, Staged, StagedOutput
+from ..sources.shard import ShardOutput
 from .files import EXTENSIONS, part_name, serialize
+from .lifecycle import Part, Published, Staged, StagedOutput
 
 __all__ = ["TEMPORARY", "ObjectSink", "ObjectStore", "staged_key"]
 

@@ -1,12 +1,14 @@
-"""Inputs: list and fingerprint files (``listing``), cut them into shards and read them back
-(``shards``), one module per format (``parquet``, ``csv``, ``jsonl``) behind one registry
-(``registry``), and one type per column across files (``types``)."""
+"""Inputs: list and fingerprint files (``listing``, ``expand``), cut them into shards and read
+them back (``shards``; what a shard is and the protocol every format implements: ``shard``),
+one module per format (``parquet``, ``csv``, ``jsonl``, ``openai_batch``, pictures: ``images``,
+``webdataset``, ``video``) behind one registry (``registry``), table snapshots (``tables``), and
+one type per column across files (``types``)."""
 
 from __future__ import annotations
 
-from .base import ROW, BadRow, Format, InputFile, Shard, Span
 from .listing import list_inputs
 from .registry import EXTENSIONS, FORMATS, detect_format
+from .shard import ROW, BadRow, Format, InputFile, Shard, Span
 from .shards import plan_shards, read_shard
 from .shardtable import ShardTable
 from .types import check_columns, head_schema, settle_types

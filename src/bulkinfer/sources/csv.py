@@ -18,9 +18,9 @@ import pyarrow.csv as pacsv
 
 from ..core.errors import SourceError
 from ..core.storage import filesystem, read_range
-from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered, slices
 from .encoding import check_utf8, decoded, not_in_encoding, open_text_head, scan_stream
 from .linescan import cut_spans, next_lines, skip_line
+from .shard import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered, slices
 
 __all__ = ["CsvFormat"]
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 from ..core.errors import SourceError
 from ..core.media import IMAGE_EXTENSIONS
 from ..core.storage import filesystem, listed_version, open_binary, store_trouble
-from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 from .expand import expand, qualify
+from .shard import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["ImageFilesFormat", "Listing", "image_inputs", "list_images"]
 

@@ -17,9 +17,9 @@ import pyarrow.json as pajson
 
 from ..core.schema import fit_value
 from ..core.storage import read_range
-from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered
 from .encoding import check_utf8, decoded, open_text_head, scan_stream
 from .linescan import cut_spans, line_ends
+from .shard import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, check_file_columns, numbered
 
 __all__ = ["HEAD_BYTES", "JsonlFormat", "json_lines", "lines", "plan_lines"]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import MAX_RECORD_BYTES, Span
 from .encoding import check_utf8
+from .shard import MAX_RECORD_BYTES, Span
 
 __all__ = ["CHUNK", "cut_spans", "line_ends", "next_lines", "skip_line"]
 

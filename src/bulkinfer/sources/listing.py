@@ -9,12 +9,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.storage import concurrently, filesystem, listed_version
-from .base import InputFile
 from .encoding import LINE_FORMATS, codec_of
 from .expand import expand
 from .images import image_inputs
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
+from .shard import InputFile
 from .tables import table_inputs
 from .video import sampling_spec
 

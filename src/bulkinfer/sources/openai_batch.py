@@ -20,9 +20,9 @@ import pyarrow as pa
 
 from ..core.errors import SourceError
 from ..core.storage import open_binary, read_range
-from .base import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, numbered
 from .encoding import codec_of, decoded, open_text_head
 from .jsonl import json_lines, plan_lines
+from .shard import MAX_RECORD_BYTES, BadRow, InputFile, Shard, Span, numbered
 
 __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import SourceError
 from ..core.storage import path_or_file
-from .base import BadRow, InputFile, Shard, Span, check_file_columns
+from .shard import BadRow, InputFile, Shard, Span, check_file_columns
 
 __all__ = ["ParquetFormat", "forget_footers", "keep_footer", "parquet_footer"]
 

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from ..core.errors import SourceError
-from .base import Format
 from .csv import CsvFormat
 from .images import ImageFilesFormat
 from .jsonl import JsonlFormat
 from .openai_batch import OpenAIBatchFormat
 from .parquet import ParquetFormat
+from .shard import Format
 from .video import VideoFormat
 from .webdataset import WebDatasetFormat
 

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 
 from ..core.errors import SourceError
 from ..core.schema import convert_rows
-from .base import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, numbered
 from .registry import get_format
+from .shard import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, numbered
 from .shardtable import ShardTable
 
 __all__ = ["plan_shards", "read_shard"]

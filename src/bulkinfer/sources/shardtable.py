@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .base import Shard
+from .shard import Shard
 
 __all__ = ["ShardTable"]
 

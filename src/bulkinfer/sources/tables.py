@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError, SourceError
-from .base import InputFile
+from .shard import InputFile
 
 if TYPE_CHECKING:
     from ..config import SourceConfig

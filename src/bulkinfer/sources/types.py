@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from ..core.errors import SourceError
 from ..core.schema import unify
-from .base import InputFile
 from .registry import get_format
+from .shard import InputFile
 
 __all__ = ["check_columns", "head_schema", "settle_types"]
 

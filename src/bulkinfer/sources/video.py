@@ -25,7 +25,7 @@ import pyarrow as pa
 from ..core.errors import SourceError
 from ..core.media import VIDEO_EXTENSIONS, raw_frame
 from ..core.storage import filesystem, listed_version
-from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .shard import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["VideoFormat", "open_video", "sampling_spec"]
 

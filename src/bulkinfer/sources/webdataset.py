@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..core.errors import SourceError
 from ..core.media import IMAGE_EXTENSIONS
 from ..core.storage import filesystem
-from .base import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
+from .shard import BATCH_BYTES, MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["WebDatasetFormat"]
 

@@ -23,7 +23,7 @@ from ...precision.settle import after_gate
 from ...report import RunStats
 from ...sinks import StagedOutput
 from ...sources import Shard
-from ..base import Committing, Gate, publish_results
+from ..contract import Committing, Gate, publish_results
 from ..grouping import Grouper, ShardQueue
 from ..worker import Worker
 from .cluster import capacity, connect, disconnect, ray_module, workers_that_fit

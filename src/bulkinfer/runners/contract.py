@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..sources.base import ShardOutput
+from ..sources.shard import ShardOutput
 
 if TYPE_CHECKING:
     import pyarrow as pa

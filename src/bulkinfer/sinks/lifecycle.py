@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..sources import Shard
-    from ..sources.base import ShardOutput
+    from ..sources.shard import ShardOutput
 
 __all__ = ["Part", "Published", "Sink", "Staged", "StagedOutput"]
 
