@@ -46,7 +46,7 @@ from .report.publish import instance_price, load_output_stats
 from .runners import make_runner
 from .runners.ray import auto_on_cluster
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
-from .sources import Shard, ShardTable
+from .sources import Shard, ShardTable, reading_in_order
 
 if TYPE_CHECKING:
     from .precision.gate import GateFigures
@@ -111,7 +111,10 @@ def run_job(
     stop = stop or threading.Event()
     # from the start: a signal while the model loads or the plan is made exits 75 too; the
     # inputs' storage options are this job's own (jobs in one process each see theirs)
-    with _signals(stop), storage_options_for(cfg.source.storage_options, cfg.source.paths):
+    # inputs' storage options are this job's own (jobs in one process each see theirs); a Parquet
+    # row group larger than a shard is decoded once for all its shards
+    options = storage_options_for(cfg.source.storage_options, cfg.source.paths)
+    with _signals(stop), options, reading_in_order():
         return _run_job(cfg, stop, retry_errors, model, on_commit)
 
 

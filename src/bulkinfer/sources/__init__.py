@@ -7,6 +7,7 @@ one type per column across files (``types``)."""
 from __future__ import annotations
 
 from .listing import list_inputs
+from .parquet import reading_in_order
 from .registry import EXTENSIONS, FORMATS, detect_format
 from .shard import ROW, BadRow, Format, InputFile, Shard, Span
 from .shards import plan_shards, read_shard
@@ -29,5 +30,6 @@ __all__ = [
     "list_inputs",
     "plan_shards",
     "read_shard",
+    "reading_in_order",
     "settle_types",
 ]

@@ -1,8 +1,15 @@
-"""Parquet: shards follow row-group boundaries; the head is the footer's schema."""
+"""Parquet: shards follow row-group boundaries; the head is the footer's schema. A row group
+larger than a shard is read once for all its shards: the reader that ends a shard inside it
+keeps its place (:func:`reading_in_order`), so the next shard continues there instead of
+decoding the group again from its first row."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -12,7 +19,7 @@ from ..core.errors import SourceError
 from ..core.storage import path_or_file
 from .shard import BadRow, InputFile, Shard, Span, check_file_columns
 
-__all__ = ["ParquetFormat", "forget_footers", "keep_footer", "parquet_footer"]
+__all__ = ["ParquetFormat", "forget_footers", "keep_footer", "parquet_footer", "reading_in_order"]
 
 # Parquet footers seen in the tails fingerprinting read: planning takes each file's schema
 # and row groups from them instead of reading the footer twice more (on an object store,
@@ -48,6 +55,48 @@ def forget_footers() -> None:
         _footers_size = 0
 
 
+# Where readers stopped inside a row group: (file, columns, batch rows, next row) -> the rest of
+# that read and the row it ends at. In a job's context only (reading_in_order), and a few at a
+# time: each holds one row group's decoder and at most one batch.
+Place = tuple[Iterator[pa.RecordBatch], int]
+_PLACES: contextvars.ContextVar[OrderedDict[tuple[object, ...], Place] | None]
+_PLACES = contextvars.ContextVar("bulkinfer_parquet_places", default=None)
+_PLACES_LOCK = threading.Lock()
+PLACES_KEPT = 4
+
+
+@contextlib.contextmanager
+def reading_in_order() -> Iterator[None]:
+    """For the block (a job; the threads it starts through :mod:`bulkinfer.core.threads` too): a
+    shard that ends inside a row group leaves its reader there for the shard that starts where
+    it ended. Outside such a block every shard is read on its own."""
+    token = _PLACES.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _PLACES.reset(token)
+
+
+def _taken(key: tuple[object, ...], stop: int) -> Place | None:
+    """The reader left at ``key``, when it reads on at least to ``stop``."""
+    places = _PLACES.get()
+    if places is None:
+        return None
+    with _PLACES_LOCK:
+        place = places.pop(key, None)
+    return place if place is not None and stop <= place[1] else None
+
+
+def _kept(key: tuple[object, ...], place: Place) -> None:
+    places = _PLACES.get()
+    if places is None:
+        return
+    with _PLACES_LOCK:
+        places[key] = place
+        while len(places) > PLACES_KEPT:
+            places.popitem(last=False)
+
+
 class ParquetFormat:
     name = "parquet"
     extensions: tuple[str, ...] = (".parquet", ".pq")
@@ -78,29 +127,49 @@ class ParquetFormat:
     def read(
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
     ) -> Iterator[pa.RecordBatch]:
-        pf = pq.ParquetFile(path_or_file(shard.uri))
-        check_file_columns(shard.uri, pf.schema_arrow, columns)
-        meta = pf.metadata
-        groups: list[int] = []
-        first = cur = 0
-        for rg in range(meta.num_row_groups):
-            n = meta.row_group(rg).num_rows
-            if cur + n > shard.start and cur < shard.stop:
-                if not groups:
-                    first = cur
-                groups.append(rg)
-            cur += n
-        skip, remaining = shard.start - first, shard.num_rows
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
+        key = (shard.uri, tuple(columns), batch_rows)
+        skip, place = 0, _taken((*key, shard.start), shard.stop)
+        if place is None:
+            batches, end, skip = _from_group_start(shard, columns, batch_rows)
+        else:
+            batches, end = place
+        remaining = shard.num_rows
+        for batch in batches:
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
-            batch = batch.slice(skip, remaining)
+            out = batch.slice(skip, remaining)
+            rest = batch.slice(skip + out.num_rows)
             skip = 0
-            remaining -= batch.num_rows
-            yield batch
+            remaining -= out.num_rows
             if remaining <= 0:
+                if shard.stop < end:  # the row groups read on: the next shard's reader continues here
+                    _kept((*key, shard.stop), (itertools.chain([rest], batches) if rest.num_rows else batches, end))
+                yield out
                 return
+            yield out
+
+
+def _from_group_start(
+    shard: Shard, columns: Sequence[str], batch_rows: int
+) -> tuple[Iterator[pa.RecordBatch], int, int]:
+    """The batches of the row groups ``shard`` spans, the row they end at, and the rows before
+    its start in them."""
+    pf = pq.ParquetFile(path_or_file(shard.uri))
+    check_file_columns(shard.uri, pf.schema_arrow, columns)
+    meta = pf.metadata
+    groups: list[int] = []
+    first = cur = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        if cur + n > shard.start and cur < shard.stop:
+            if not groups:
+                first = cur
+            groups.append(rg)
+        cur += n
+    batches = pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns))
+    end = first + sum(meta.row_group(rg).num_rows for rg in groups)
+    return batches, end, shard.start - first
 
 
 def _parquet_file(f: InputFile) -> pq.ParquetFile:
