@@ -160,13 +160,31 @@ def test_results_answer_from_the_offline_run_or_live(text_server):
     assert np.allclose(live.json()["row"]["embedding"], direct.json()["data"][0]["embedding"], atol=1e-6)
 
 
-def test_malformed_json_is_422(text_server):
+def test_malformed_json_unknown_routes_and_methods_are_json_errors_and_models_are_listed(text_server):
     server, _catalog, _offline = text_server
-    r = httpx.post(
-        f"{server.url}/v1/predict", content=b'{"rows": [', headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-    )
-    assert r.status_code == 422
-    assert r.json()["error"]["message"] == "body is not valid JSON at line 1 column 11"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{server.url}/v1/predict", content=b'{"rows": [', headers=auth, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "body is not valid JSON at line 1 column 11",
+                                 "type": "invalid_request_error", "param": None, "code": "invalid_json"}  # fmt: skip
+    nope = httpx.get(f"{server.url}/v1/nope", headers=auth, timeout=30)
+    assert nope.status_code == 404 and nope.json()["error"]["code"] == "not_found"
+    assert nope.json()["error"]["message"] == "no route GET /v1/nope"
+    wrong = httpx.delete(f"{server.url}/v1/predict", headers=auth, timeout=30)
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in wrong.headers["allow"]
+    assert httpx.get(f"{server.url}/v1/models", timeout=30).status_code == 401  # a /v1/ route: the key first
+    listed = httpx.get(f"{server.url}/v1/models", headers=auth, timeout=30).json()
+    assert listed["object"] == "list" and {m["id"] for m in listed["data"]} >= {"minilm"}
+    assert {(m["object"], m["owned_by"]) for m in listed["data"]} == {("model", "bulkinfer")}
+    one = httpx.get(f"{server.url}/v1/models/minilm", headers=auth, timeout=30).json()
+    assert one["id"] == "minilm" and isinstance(one["created"], int)
+    other = httpx.get(f"{server.url}/v1/models/gpt-4o", headers=auth, timeout=30)
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    assert "minilm" in [m.id for m in client.models.list()]
 
 
 def test_tabular_predictions_equal_offline_and_overload_gets_503(tmp_path):

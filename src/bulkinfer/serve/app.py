@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 
 import pyarrow as pa
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -102,6 +103,21 @@ class _Routes:
 
         return await search(self.server, request)
 
+    async def models(self, _request: Request) -> Response:
+        """``GET /v1/models``: the served model under each name a request's ``model`` may give."""
+        return JSONResponse({"object": "list", "data": [self._model(n) for n in self.server.model_names]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["id"]
+        if name not in self.server.model_names:
+            served = ", ".join(self.server.model_names)
+            raise ApiError(404, f"model {name!r} is not served here (served: {served})", "invalid_request_error",
+                           param="model", code="model_not_found")  # fmt: skip
+        return JSONResponse(self._model(name))
+
+    def _model(self, name: str) -> dict[str, object]:
+        return {"id": name, "object": "model", "created": int(self.server.started_at), "owned_by": "bulkinfer"}
+
     async def healthz(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -126,6 +142,16 @@ class _Routes:
 async def _on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return exc.response()
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    """No such route, or not with this method: JSON like every other error."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        what, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+    else:
+        what, code = f"no route {request.method} {request.url.path}", "not_found"
+    return ApiError(exc.status_code, what, "invalid_request_error", dict(exc.headers or {}), code=code).response()
 
 
 async def _on_error(request: Request, exc: Exception) -> Response:
@@ -171,6 +197,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         Route(COMPLETIONS, guarded("completions", r.completions), methods=["POST"]),
         Route("/v1/results/{id:path}", guarded("results", r.results), methods=["GET"]),
         Route("/v1/search", guarded("search", r.search), methods=["POST"]),
+        Route("/v1/models", guarded("models", r.models), methods=["GET"]),
+        Route("/v1/models/{id:path}", guarded("models", r.model), methods=["GET"]),
         Route("/healthz", r.healthz, methods=["GET"]),
         Route("/readyz", r.readyz, methods=["GET"]),
         Route("/metrics", r.metrics, methods=["GET"]),
@@ -184,7 +212,7 @@ def build_app(cfg: JobConfig) -> Starlette:
         yield
         await asyncio.to_thread(server.close)
 
-    handlers = {ApiError: _on_api_error, Exception: _on_error}
+    handlers = {ApiError: _on_api_error, HTTPException: _on_http_error, Exception: _on_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.server = server
     return app

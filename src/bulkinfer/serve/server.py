@@ -45,6 +45,7 @@ class Server:
     """The model, its batcher and what the routes share."""
 
     def __init__(self, cfg: JobConfig) -> None:
+        self.started_at = time.time()  # the served model's ``created`` (GET /v1/models)
         self.cfg = cfg
         self.sv = cfg.serve
         self.keys = KeyRing(self.sv.api_keys_file)
