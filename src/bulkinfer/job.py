@@ -110,7 +110,6 @@ def run_job(
     """
     stop = stop or threading.Event()
     # from the start: a signal while the model loads or the plan is made exits 75 too; the
-    # inputs' storage options are this job's own (jobs in one process each see theirs)
     # inputs' storage options are this job's own (jobs in one process each see theirs); a Parquet
     # row group larger than a shard is decoded once for all its shards
     options = storage_options_for(cfg.source.storage_options, cfg.source.paths)
@@ -344,10 +343,11 @@ def execute(
         def gate(figures_of: GateFigures | None = None) -> GateVerdict:
             return GateVerdict(*job_quality_gate(cfg, job.adapter, job.model, plan.shards, ledger, figures_of))
 
+        runner_cfg = cfg
         if backend in ("ray", "spark"):  # workers write to the same output, whatever their working directory
             out = sink.out_dir
-            cfg = for_workers(cfg, out if isinstance(out, str) else str(Path(out).resolve()))
-        runner = make_runner(cfg, job.adapter, stats, stop, backend, ledger)
+            runner_cfg = for_workers(cfg, out if isinstance(out, str) else str(Path(out).resolve()))
+        runner = make_runner(runner_cfg, job.adapter, stats, stop, backend, ledger)
         stats.quality = runner.start(gate).figures  # the report's copy of the verdict
         try:
             with _running(stats, stop, cfg, ledger.out_dir) as progress:
