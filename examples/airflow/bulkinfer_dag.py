@@ -1,9 +1,11 @@
 """A nightly embeddings DAG: bulkinfer embeds the day's catalog, then a downstream task reads the
 run's report from XCom (rows, cost, where the output is) and records it.
 
-``params`` (overridable per run with ``--conf``/the trigger form): the job file, the output, and
-the file the summary goes to. A stopped run (exit 75: the worker was drained, the task killed)
-is retried and resumes; a bad job file fails at once.
+``params`` (overridable per run with ``--conf``/the trigger form): the job file, the folder
+each night's output goes under (``{{ ds }}`` is added in the operator's own template: Airflow
+renders a template field once, so a ``{{ ds }}`` inside a param would reach the job unrendered,
+and bulkinfer refuses it), and the file the summary goes to. A stopped run (exit 75: the worker
+was drained, the task killed) is retried and resumes; a bad job file fails at once.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ with DAG(
     catchup=False,
     params={
         "job": "/opt/jobs/catalog.toml",
-        "output": "s3://embeddings/catalog/{{ ds }}",
+        "output": "s3://embeddings/catalog",
         "summary": "/opt/jobs/runs.jsonl",
     },
 ) as dag:
     embed = BulkinferOperator(
         task_id="embed",
         job="{{ params.job }}",
-        overrides={"sink.path": "{{ params.output }}"},
+        overrides={"sink.path": "{{ params.output }}/{{ ds }}"},
         retries=3,
     )
 

@@ -127,8 +127,9 @@ def airflow_home(tmp_path_factory):
 def test_airflow_retries_a_stopped_job_and_the_retry_resumes(tmp_path, airflow_home):
     airflow, env = airflow_home
     job = _job(tmp_path)
-    out, summary = tmp_path / "out", tmp_path / "runs.jsonl"
-    conf = {"job": str(job), "output": str(out), "summary": str(summary)}
+    base, summary = tmp_path / "out", tmp_path / "runs.jsonl"
+    conf = {"job": str(job), "output": str(base), "summary": str(summary)}
+    out = base / "2026-12-01"  # the night's folder: {{ ds }} rendered by Airflow, not reaching the job as is
     watcher = _stop_first_try(out)
     proc = subprocess.run(
         [airflow, "dags", "test", "bulkinfer_nightly", "2026-12-01", "--conf", json.dumps(conf)],

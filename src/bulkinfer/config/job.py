@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from ..core.errors import ConfigError
@@ -62,8 +65,22 @@ class JobConfig(Section):
         video = ["video_id", "timestamp_s", "frame_index"] if self.source.format == "video" else []
         return list(dict.fromkeys(c for c in [self.source.id_column, *video, *self.sink.keep_columns] if c))
 
+    def refuse_unrendered(self) -> None:
+        """Refuse a setting that still holds a scheduler's template (``{{ ds }}``): the scheduler
+        did not render it, and run as is it would write every night into one folder named after
+        the template (the second night finding its rows "already committed")."""
+        for key, value in _strings(self.model_dump(mode="json", exclude=_HOLD_TEMPLATES)):
+            if "{{" in value or "}}" in value:
+                shown = "" if any(w in key.lower() for w in _SECRET_WORDS) else f" = {value!r}"
+                raise ConfigError(
+                    f"{key}{shown}: holds a template the scheduler did not render ({{{{ ... }}}}); render it "
+                    "where the scheduler renders (an Airflow operator's template fields, once: not params inside "
+                    "params) or pass the value itself"
+                )
+
     def require_runnable(self) -> None:
         """Refuse a config that cannot run, naming the missing field."""
+        self.refuse_unrendered()
         if not self.source.paths:
             raise ConfigError("source.paths: no input given; pass --input or set source.paths")
         if not self.model.name:
@@ -76,3 +93,20 @@ class JobConfig(Section):
 
             if scheme not in fsspec.available_protocols():
                 raise ConfigError(f"sink.path: {self.sink.path}: no filesystem knows {scheme}:// (fsspec has none)")
+
+
+_HOLD_TEMPLATES = {"model": {"prompt_template", "messages", "chat_template"}}
+"""Settings that are templates of their own (a prompt's placeholders, a Jinja chat template)."""
+_SECRET_WORDS = ("key", "secret", "password", "token", "storage_options")
+
+
+def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in a dumped config, with its dotted key (``export[0].url``)."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{key}[{i}]")
