@@ -136,13 +136,13 @@ def read_output_file(p: Path) -> None:
     pq.read_table(p)
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(1))
 def test_random_sigkill_loop_is_exactly_once(workdir, seed):
     _chaos(workdir, seed)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(2, 24))
+@pytest.mark.slow  # make test's pytest is at its 10 minutes: one seed there, the rest here
+@pytest.mark.parametrize("seed", range(1, 24))
 def test_random_sigkill_loop_many_seeds(workdir, seed):
     _chaos(workdir, seed)
 
