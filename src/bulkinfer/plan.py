@@ -214,7 +214,7 @@ def job_identity(cfg: JobConfig) -> dict[str, Any]:
     for name, defaults in _IDENTITY_UNLESS_DEFAULT.items():
         section, _, key = name.partition(".")
         value = dumped[section][key]
-        if not any(value is d or (type(value) is type(d) and value == d) for d in defaults):
+        if value not in defaults:
             identity[name] = value
     return identity
 

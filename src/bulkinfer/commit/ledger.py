@@ -169,9 +169,6 @@ class JobStart:
     out_dir: Any
     fresh_output = "choose an empty or new --output"
 
-    def read_plan(self) -> JobPlan | None:
-        raise NotImplementedError
-
     def foreign(self) -> list[str]:
         raise NotImplementedError
 
@@ -185,12 +182,11 @@ class JobStart:
         """Start or resume ``plan``'s job here; return the plan in force (the stored one on a
         resume). ``stored``: this output's plan as the caller read it under the lock (once: the
         draft ``plan`` was made from it too)."""
-        existing = stored
-        if existing is not None and existing.fingerprint == plan.fingerprint:
-            return existing
-        if existing is not None and not overwrite:
+        if stored is not None and stored.fingerprint == plan.fingerprint:
+            return stored
+        if stored is not None and not overwrite:
             raise JobMismatchError(
-                f"{self.out_dir}: holds a different job ({describe_change(existing, plan)}); "
+                f"{self.out_dir}: holds a different job ({describe_change(stored, plan)}); "
                 "rerun with --overwrite to discard it, or choose another --output"
             )
         foreign = self.foreign()

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["ErrorRecord", "decode_records", "encode_records", "withheld", "withhold"]
+__all__ = ["ErrorRecord", "decode_records", "encode_records", "withheld"]
 
 
 def withheld(message: str, error_type: str, redact: bool) -> str:
@@ -71,11 +71,6 @@ class ErrorRecord:
             rows=int(data.get("rows", 1)),
             id=data.get("id"),
         )
-
-
-def withhold(records: Iterable[ErrorRecord], redact: bool) -> list[ErrorRecord]:
-    """``records`` as they may leave the process under ``redact``."""
-    return [r.withheld(redact) for r in records]
 
 
 def encode_records(records: Iterable[ErrorRecord], redact: bool = False) -> bytes:
