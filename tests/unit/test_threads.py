@@ -26,7 +26,7 @@ def test_threads_and_pools_are_made_only_by_core_threads():
 
 
 def _options_seen(uri: str) -> dict:
-    return dict(storage._SCOPED.get({}).get(uri.split("://")[0], storage._PROCESS.get(uri.split("://")[0], {})))
+    return dict(storage.options_for(uri))
 
 
 def test_a_jobs_storage_options_follow_it_onto_its_threads_and_no_further():

@@ -24,6 +24,7 @@ __all__ = [
     "is_remote",
     "listed_version",
     "open_binary",
+    "options_for",
     "path_or_file",
     "read_range",
     "read_whole",
@@ -69,10 +70,14 @@ def storage_options_for(options: dict[str, Any], paths: Sequence[str]) -> Iterat
         _SCOPED.reset(token)
 
 
-def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+def options_for(uri: str) -> dict[str, Any]:
+    """The storage options ``uri`` opens with here: the job's own, else this process's, else none."""
     protocol = fsspec.core.split_protocol(uri)[0] or ""
-    options = _SCOPED.get({}).get(protocol, _PROCESS.get(protocol, {}))
-    fs, path = fsspec.core.url_to_fs(uri, **options)
+    return _SCOPED.get({}).get(protocol, _PROCESS.get(protocol, {}))
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(uri, **options_for(uri))
     return fs, path
 
 
