@@ -10,7 +10,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bulkinfer.core.expr import Bin, Col, ExprError, In, IsNull, Lit, Neg, Not, columns, mask, parse, to_text
+from bulkinfer.core.expr import (
+    Bin,
+    Call,
+    Col,
+    ExprError,
+    Field,
+    Filter,
+    In,
+    IsNull,
+    Lit,
+    Neg,
+    Not,
+    columns,
+    evaluate,
+    mask,
+    parse,
+    to_text,
+)
 
 NAMES = st.sampled_from(["a", "b", "s", "flag", "proba_unsafe", "x.y", "my col"])
 NUMBERS = st.one_of(st.integers(0, 10**6), st.floats(0, 1e9, allow_nan=False, allow_infinity=False))
@@ -18,10 +35,14 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_siz
 LITERALS = st.one_of(NUMBERS, TEXT, st.booleans(), st.none())
 
 
-def trees(leaves):
-    return st.recursive(
-        leaves,
-        lambda sub: st.one_of(
+def trees(leaves, lists=False):
+    def forms(sub):
+        listed = [
+            st.builds(Filter, sub, sub),
+            st.builds(Field, sub, st.sampled_from(["score", "label", "x_1"])),
+            st.builds(Call, st.sampled_from(["max", "min", "sum", "mean", "count", "any", "all"]), sub),
+        ]
+        return st.one_of(
             st.builds(Neg, sub),
             st.builds(Not, sub),
             st.builds(
@@ -29,13 +50,14 @@ def trees(leaves):
             ),
             st.builds(IsNull, sub, st.booleans()),
             st.builds(In, sub, st.lists(st.integers(-5, 5), min_size=1, max_size=3).map(tuple), st.booleans()),
-        ),
-        max_leaves=8,
-    )
+            *(listed if lists else []),
+        )
+
+    return st.recursive(leaves, forms, max_leaves=8)
 
 
 @settings(max_examples=300, deadline=None)
-@given(trees(st.one_of(st.builds(Lit, LITERALS), st.builds(Col, NAMES))))
+@given(trees(st.one_of(st.builds(Lit, LITERALS), st.builds(Col, NAMES)), lists=True))
 def test_print_then_parse_is_the_same_tree(tree):
     assert parse(to_text(tree)) == tree
 
@@ -205,3 +227,60 @@ def test_vectorised_evaluation_equals_the_row_reference(tree, rows):
             mask(tree, table)
         return
     assert mask(tree, table).to_pylist() == [v is True for _k, v in results]
+
+
+DETECTION = st.fixed_dictionaries(
+    {"label": st.sampled_from(["A", "B", "C"]), "score": st.one_of(st.none(), st.floats(0, 1, allow_nan=False))}
+)
+LIST_ROWS = st.lists(st.one_of(st.none(), st.lists(DETECTION, max_size=4)), min_size=1, max_size=12)
+
+
+def _reference(fn, values):
+    """The row-by-row meaning: null list -> null; nulls inside are skipped by max/min/sum/mean."""
+    if values is None:
+        return None
+    if fn == "count":
+        return len(values)
+    if fn == "any":
+        return len(values) > 0
+    present = [v for v in values if v is not None]
+    if not values and fn == "sum":
+        return 0.0
+    if not present:  # SQL's rule: nothing but nulls sums to null
+        return None
+    if fn == "sum":
+        return float(sum(present))
+    return {"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[fn](present)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(LIST_ROWS, st.sampled_from(["max", "min", "sum", "mean", "count", "any"]), st.sampled_from(["A", "B"]))
+def test_list_filters_and_reductions_equal_a_row_by_row_reference(rows, fn, label):
+    """``fn(d[label == X].score)`` (count/any: of the filtered list) per row equals Python's over
+    the same lists: empty lists, null lists and null scores included."""
+    kind = pa.list_(pa.struct([("label", pa.string()), ("score", pa.float64())]))
+    table = pa.table({"nudenet.detections": pa.array(rows, kind)})
+    target = "" if fn in ("count", "any") else ".score"
+    got = evaluate(parse(f"{fn}(nudenet.detections[label == '{label}']{target})"), table).to_pylist()
+    for row, value in zip(rows, got, strict=True):
+        kept = None if row is None else [d for d in row if d["label"] == label]
+        want = _reference(fn, kept if fn in ("count", "any") or kept is None else [d["score"] for d in kept])
+        assert value == pytest.approx(want) if isinstance(want, float) else value == want, (row, value, want)
+
+
+def test_a_dotted_name_reads_the_longest_column_then_fields_and_list_errors_are_named():
+    kind = pa.list_(pa.struct([("label", pa.string()), ("score", pa.float64())]))
+    table = pa.table(
+        {"det.boxes": pa.array([[{"label": "A", "score": 0.7}, {"label": "B", "score": 0.9}]], kind), "det": [1]}
+    )
+    assert evaluate(parse("max(det.boxes.score)"), table).to_pylist() == [0.9]
+    assert mask(parse("max(det.boxes[label != 'B'].score) > 0.6 and det == 1"), table).to_pylist() == [True]
+    assert columns(parse("max(det.boxes[label == 'A'].score) > 0.6")) == {"det.boxes"}
+    with pytest.raises(ExprError, match=r"no field 'size' \(the elements have label, score\)"):
+        evaluate(parse("max(det.boxes.size)"), table)
+    with pytest.raises(ExprError, match=r"max\(\) needs a list of numbers, got a list of string"):
+        evaluate(parse("max(det.boxes.label)"), table)
+    with pytest.raises(ExprError, match=r"a list is needed here, got int64"):
+        evaluate(parse("count(det)"), table)
+    with pytest.raises(ExprError, match=r"expected '\]' at 15"):
+        parse("det.boxes[a > 1")

@@ -12,25 +12,41 @@ the grammar below is all it can do, and it runs vectorised on Arrow tables.
            | sum ["not"] "in" "(" literal ("," literal)* ")"
     sum   := prod (("+" | "-") prod)*
     prod  := unary (("*" | "/") unary)*
-    unary := "-" unary | atom
+    unary := "-" unary | post
+    post  := atom ("[" expr "]" | "." name)*
     atom  := number | 'text' | "text" | true | false | null | column | `any column` | "(" expr ")"
+           | func "(" expr ")"
+    func  := max | min | sum | mean | count | any | all
 
 Arithmetic is on doubles; comparisons with null are null, and a row whose condition is
 null does not match (SQL's rule). Errors name the token and its position, or the column.
+
+Lists (a detector's boxes, an OCR's lines) are read with three more forms: ``list[cond]``
+keeps the elements of each row's list where ``cond`` holds (``cond`` names the fields of a
+list of structs); ``list.field`` (or ``column.field`` where no column has that whole name)
+is a field of each element; ``max``/``min``/``sum``/``mean`` of a list of numbers, ``count``
+of a list (its elements), ``any``/``all`` of a list of true/false (of any other list:
+whether it has an element) reduce each row's list to one value. An empty list's max, min
+and mean are null, its sum and count 0, its any false and its all true::
+
+    max(nudenet.detections[label in ('FEMALE_BREAST_EXPOSED', 'BUTTOCKS_EXPOSED')].score) > 0.6
+    any(ocr.lines[confidence > 0.9]) and count(nudenet.detections) >= 2
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ConfigError
 
-__all__ = ["Expr", "ExprError", "columns", "evaluate", "mask", "parse", "to_text"]
+__all__ = ["FUNCTIONS", "Expr", "ExprError", "columns", "evaluate", "mask", "parse", "resolve_column", "to_text"]
 
 
 class ExprError(ConfigError):
@@ -77,7 +93,26 @@ class In:
     negated: bool = False
 
 
-Expr = Lit | Col | Neg | Not | Bin | IsNull | In
+@dataclass(frozen=True)
+class Filter:
+    arg: Expr
+    cond: Expr
+
+
+@dataclass(frozen=True)
+class Field:
+    arg: Expr
+    name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str  # one of FUNCTIONS
+    arg: Expr
+
+
+Expr = Lit | Col | Neg | Not | Bin | IsNull | In | Filter | Field | Call
+FUNCTIONS = ("max", "min", "sum", "mean", "count", "any", "all")
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -85,7 +120,7 @@ _TOKEN = re.compile(
       | (?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
       | (?P<quoted>`[^`]+`)
       | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
-      | (?P<op>==|!=|<=|>=|<|>|\+|-|\*|/|\(|\)|,)
+      | (?P<op>==|!=|<=|>=|<|>|\+|-|\*|/|\(|\)|,|\[|\]|\.)
     )""",
     re.X,
 )
@@ -219,7 +254,22 @@ class _Parser:
     def unary(self) -> Expr:
         if self.accept("op", "-"):
             return Neg(self.unary())
-        return self.atom()
+        return self.post()
+
+    def post(self) -> Expr:
+        node = self.atom()
+        while True:
+            if self.accept("op", "["):
+                node = Filter(node, self.or_())
+                self.expect("op", "]", "']'")
+            elif self.accept("op", "."):
+                tok = self.take()
+                if tok.kind != "col" or tok.text.startswith("`"):
+                    self.i -= 1
+                    raise self.fail("a field name after '.'")
+                node = _fields(node, tok.value)
+            else:
+                return node
 
     def literal(self) -> Any:
         tok = self.peek()
@@ -234,6 +284,10 @@ class _Parser:
         tok = self.take()
         if tok.kind in ("num", "str"):
             return Lit(tok.value)
+        if tok.kind == "col" and tok.value.lower() in FUNCTIONS and self.accept("op", "("):
+            node = Call(tok.value.lower(), self.or_())
+            self.expect("op", ")", "')'")
+            return node
         if tok.kind == "col":
             return Col(tok.value)
         if tok.kind == "kw" and tok.text in ("true", "false"):
@@ -246,6 +300,12 @@ class _Parser:
             return node
         self.i -= 1
         raise self.fail("a value, a column or '('")
+
+
+def _fields(node: Expr, path: str) -> Expr:
+    for name in path.split("."):
+        node = Field(node, name)
+    return node
 
 
 def parse(text: str, where: str = "expression") -> Expr:
@@ -280,6 +340,12 @@ def to_text(node: Expr) -> str:
     if isinstance(node, In):
         values = ", ".join(_lit_text(v) for v in node.values)
         return f"({to_text(node.arg)} {'not ' if node.negated else ''}in ({values}))"
+    if isinstance(node, Filter):
+        return f"({to_text(node.arg)}[{to_text(node.cond)}])"
+    if isinstance(node, Field):
+        return f"(({to_text(node.arg)}).{node.name})"
+    if isinstance(node, Call):
+        return f"{node.fn}({to_text(node.arg)})"
     return f"({to_text(node.left)} {node.op} {to_text(node.right)})"
 
 
@@ -291,7 +357,7 @@ def columns(node: Expr) -> set[str]:
         return set()
     if isinstance(node, Bin):
         return columns(node.left) | columns(node.right)
-    return columns(node.arg)
+    return columns(node.arg)  # a filter's condition names the elements' fields, not columns
 
 
 _ARITH = {"+": pc.add, "-": pc.subtract, "*": pc.multiply, "/": pc.divide}
@@ -310,10 +376,10 @@ def evaluate(node: Expr, table: pa.Table, where: str = "expression") -> pa.Chunk
     if isinstance(node, Lit):
         return pa.scalar(node.value)
     if isinstance(node, Col):
-        if node.name not in table.column_names:
-            raise ExprError(f"{where}: no column {node.name!r} (the rows have {', '.join(table.column_names)})")
-        return table.column(node.name)
+        return _column(node.name, table, where)
     try:
+        if isinstance(node, Filter | Field | Call):
+            return _list_op(node, table, where)
         if isinstance(node, Neg):
             return pc.negate(_number(evaluate(node.arg, table, where)))
         if isinstance(node, Not):
@@ -334,6 +400,91 @@ def evaluate(node: Expr, table: pa.Table, where: str = "expression") -> pa.Chunk
         return _COMPARE[node.op](*_comparable(left, right))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ExprError(f"{where}: {to_text(node)}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def resolve_column(name: str, names: Iterable[str]) -> str | None:
+    """The column a name reads: itself, else its longest dotted prefix that is a column (the
+    rest are fields of its elements: ``nudenet.detections.score``); None when neither is."""
+    names = set(names)
+    parts = name.split(".")
+    return next((c for c in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if c in names), None)
+
+
+def _column(name: str, table: pa.Table, where: str) -> Any:
+    found = resolve_column(name, table.column_names)
+    if found is None:
+        raise ExprError(f"{where}: no column {name!r} (the rows have {', '.join(table.column_names)})")
+    value = table.column(found).combine_chunks()
+    for field in name[len(found) + 1 :].split(".") if found != name else []:
+        value = _field(value, field)
+    return value
+
+
+def _field(value: Any, name: str) -> Any:
+    """Field ``name`` of a struct column, or of each element of a list of structs."""
+    if pa.types.is_list(value.type) or pa.types.is_large_list(value.type):
+        flat, parents, n, nulls = _flat(value)
+        return _relist(_field(flat, name), parents, n, nulls)
+    if not pa.types.is_struct(value.type):
+        raise pa.ArrowTypeError(f"no field {name!r} in {value.type}")
+    if value.type.get_field_index(name) < 0:
+        fields = ", ".join(value.type.field(i).name for i in range(value.type.num_fields))
+        raise pa.ArrowTypeError(f"no field {name!r} (the elements have {fields})")
+    return pc.struct_field(value, name)
+
+
+def _flat(value: Any) -> tuple[pa.Array, np.ndarray, int, pa.Array]:
+    """A list column's elements, the row of each, the number of rows and the null rows."""
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if not (pa.types.is_list(value.type) or pa.types.is_large_list(value.type)):
+        raise pa.ArrowTypeError(f"a list is needed here, got {value.type}")
+    parents = pc.list_parent_indices(value).to_numpy(zero_copy_only=False)
+    return pc.list_flatten(value), parents, len(value), pc.is_null(value)
+
+
+def _relist(flat: pa.Array, parents: np.ndarray, n: int, nulls: pa.Array) -> pa.Array:
+    """Elements back into one list per row (``parents``: the row of each, in order)."""
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=n))]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=nulls)
+
+
+def _list_op(node: Filter | Field | Call, table: pa.Table, where: str) -> Any:
+    if isinstance(node, Field):
+        return _field(evaluate(node.arg, table, where), node.name)
+    flat, parents, n, nulls = _flat(evaluate(node.arg, table, where))
+    if isinstance(node, Filter):
+        if not pa.types.is_struct(flat.type):
+            raise pa.ArrowTypeError(f"[...] filters a list of structs (fields by name), got a list of {flat.type}")
+        keep = mask(node.cond, pa.Table.from_struct_array(flat), where)
+        return _relist(flat.filter(keep), parents[keep.to_numpy(zero_copy_only=False)], n, nulls)
+    return _reduce(node.fn, flat, parents, n, nulls)
+
+
+_EMPTY = {"sum": 0.0, "any": False, "all": True}
+"""An empty list's value (max, min and mean of nothing: null)."""
+
+
+def _reduce(fn: str, flat: pa.Array, parents: np.ndarray, n: int, nulls: pa.Array) -> pa.Array:
+    """``fn`` of each row's list: null for a null list, ``_EMPTY`` (or null) for an empty one."""
+    if fn == "count" or (fn == "any" and not pa.types.is_boolean(flat.type)):
+        counts = pa.array(np.bincount(parents, minlength=n).astype(np.int64))
+        value = counts if fn == "count" else pc.greater(counts, 0)
+        return pc.if_else(nulls, pa.scalar(None, value.type), value)
+    if fn in ("any", "all") and not pa.types.is_boolean(flat.type):
+        raise pa.ArrowTypeError(f"all() needs a list of true/false, got a list of {flat.type}")
+    if fn in ("max", "min", "sum", "mean") and not _numeric(flat.type):
+        raise pa.ArrowTypeError(f"{fn}() needs a list of numbers, got a list of {flat.type}")
+    out_type = pa.bool_() if fn in ("any", "all") else pa.float64()
+    values = flat if fn in ("any", "all") else pc.cast(flat, pa.float64())
+    grouped = pa.table({"row": pa.array(parents, pa.int64()), "v": values}).group_by("row").aggregate([("v", fn)])
+    at = np.full(n, -1, dtype=np.int64)  # each row's place in the grouped values (-1: an empty list)
+    at[grouped.column("row").to_numpy()] = np.arange(grouped.num_rows)
+    found = grouped.column(f"v_{fn}").combine_chunks().cast(out_type)
+    taken = found.take(pa.array(np.where(at < 0, 0, at))) if grouped.num_rows else pa.nulls(n, out_type)
+    empty = pa.scalar(_EMPTY.get(fn), out_type)
+    value = pc.if_else(pa.array(at < 0), empty, taken)
+    return pc.if_else(nulls, pa.scalar(None, out_type), value)
 
 
 def mask(node: Expr, table: pa.Table, where: str = "expression") -> pa.Array:
