@@ -285,9 +285,9 @@ class _Parser:
         if tok.kind in ("num", "str"):
             return Lit(tok.value)
         if tok.kind == "col" and tok.value.lower() in FUNCTIONS and self.accept("op", "("):
-            node = Call(tok.value.lower(), self.or_())
+            call = Call(tok.value.lower(), self.or_())
             self.expect("op", ")", "')'")
-            return node
+            return call
         if tok.kind == "col":
             return Col(tok.value)
         if tok.kind == "kw" and tok.text in ("true", "false"):
