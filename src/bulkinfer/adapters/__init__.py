@@ -79,11 +79,9 @@ def _alias_path(name: str) -> Path | None:
 
 
 def resolve_model(cfg: JobConfig) -> ResolvedModel:
-    """Decide the adapter family from ``model.name`` and ``model.kind``."""
-    from .knn import is_index
-    from .tabular import TABULAR_SUFFIXES
-    from .text import is_sentence_transformers_dir
-
+    """Decide the adapter family from ``model.name`` and ``model.kind`` (several models: "ensemble")."""
+    if cfg.models:
+        return _resolve_ensemble(cfg)
     name, kind = cfg.model.name, cfg.model.kind
     if kind == "auto" and name.lower() in VISION_PACKAGES:
         from .vision import packaged_model
@@ -93,6 +91,15 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
         from .remote_batch import remote_digest
 
         return ResolvedModel("remote-batch", cfg.model.base_url or "", remote_digest(cfg.model))
+    return _resolve_path(cfg, name, kind)
+
+
+def _resolve_path(cfg: JobConfig, name: str, kind: str) -> ResolvedModel:
+    """A model named by a path (or an alias to one) or by ``module:attr``."""
+    from .knn import is_index
+    from .tabular import TABULAR_SUFFIXES
+    from .text import is_sentence_transformers_dir
+
     path = _alias_path(name) or Path(name).expanduser()
     if path.exists():
         if kind in ("auto", "knn") and is_index(path):  # the index and the provenance that says what it holds
@@ -121,11 +128,46 @@ def resolve_model(cfg: JobConfig) -> ResolvedModel:
     )
 
 
+def _resolve_ensemble(cfg: JobConfig) -> ResolvedModel:
+    """Several models: each resolved as its own job; the digest covers every model's and the decision rules."""
+    from .ensemble import member_config
+
+    parts = []
+    for name in cfg.models:
+        member = resolve_model(member_config(cfg, name))
+        if member.kind == "remote-batch":
+            raise ConfigError(f"models.{name}: a remote Batch API runs a job of its own; it cannot be one of [models]")
+        parts.append(f"{name}={member.kind}:{member.digest}")
+    rules = cfg.decision.model_dump_json() if cfg.decision is not None else ""
+    digest = hashlib.sha256(("\n".join(parts) + rules).encode()).hexdigest()[:32]
+    return ResolvedModel("ensemble", ",".join(cfg.models), digest)
+
+
+def _ensemble_adapter(cfg: JobConfig) -> Adapter:
+    """The job's models built one by one, ordered so each runs after those it reads (see .ensemble)."""
+    from .ensemble import Ensemble, Member, member_config, member_order
+
+    if cfg.source.format == "openai-batch":
+        raise ConfigError("models: an OpenAI batch file's requests name one model each; run it with [model]")
+    built: dict[str, Adapter] = {}
+    for name in cfg.models:
+        member = member_config(cfg, name)
+        built[name] = build_adapter(member, resolve_model(member))
+    reads = member_order({n: list(a.input_columns) for n, a in built.items()})
+    members = [
+        Member(name, built[name], cfg.models[name].batch_size or built[name].batch_size_hint or 16, upstream)
+        for name, upstream in reads.items()
+    ]
+    return Ensemble(members, {n: m.options for n, m in cfg.models.items()}, cfg.decision)
+
+
 def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     """Construct (not yet set up) the adapter for ``model``."""
     m = cfg.model
     if cfg.runtime.precision == "auto":
         raise ConfigError('runtime.precision = "auto" was not resolved; run the job through run_job')
+    if model.kind == "ensemble":
+        return _ensemble_adapter(cfg)
     if model.kind == "text-embedding":
         return _text_adapter(cfg, model)
     if model.kind == "remote-batch":

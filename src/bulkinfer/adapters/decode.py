@@ -166,6 +166,9 @@ class DecodePool:
         """The model, when its JPEGs may be decoded smaller (``source.decode = "reduced"``)."""
         self.budget = DecodeBudget(budget_bytes)
         self._pool = pool(max(1, threads), "bulkinfer-decode")
+        self.decoded = 0
+        """Pictures decoded so far (report.json's ``pictures_decoded``)."""
+        self._count = threading.Lock()
 
     def one(self, data: bytes | str, name: str, prepare: Callable[[np.ndarray], Any]) -> Any:
         if isinstance(data, str):  # a path or URI column: read here, in the pool
@@ -180,6 +183,8 @@ class DecodePool:
         self.budget.take(size)
         try:
             image = decode_rgb(img, name, data, factor)
+            with self._count:
+                self.decoded += 1
             if self.reduced is None or factor == 1 or image.shape[:2] == (h, w):
                 return prepare(image)
             return self.reduced.rescale(prepare(image), (w, h), (image.shape[1], image.shape[0]))

@@ -54,6 +54,7 @@ class ImageAdapter(Adapter):
         self.max_pixels = max_pixels
         self.max_decoded_mb = max_decoded_mb
         self.pool: DecodePool | None = None
+        self._reported = 0  # pictures decoded that take_figures has told
         self._kept = threading.local()  # rows prepared before a rejection, taken again by their bytes
 
     def setup(self, ctx: SetupContext) -> None:
@@ -68,9 +69,8 @@ class ImageAdapter(Adapter):
         """One decoded picture (``H x W x 3`` uint8 RGB) as the model's input; runs in the pool."""
         return image
 
-    def preprocess(self, table: pa.Table) -> list[Any]:
-        if self.pool is None:
-            raise ModelError(f"{type(self).__name__}: preprocess before setup; call setup(ctx) first")
+    def picture_inputs(self, table: pa.Table) -> tuple[list[bytes | str], list[str]]:
+        """Each row's picture (bytes, or a path/URI) and how an error names the row."""
         if self.image_column not in table.column_names:
             raise ModelError(f"the picture column {self.image_column!r} is not in the input; set model.image_column")
         column = table.column(self.image_column)
@@ -78,12 +78,16 @@ class ImageAdapter(Adapter):
             raise ModelError(
                 f"the picture column {self.image_column!r} is {column.type}; it must hold a picture's bytes or its path"
             )
-        values = column.to_pylist()
-        names = self._names(table)
+        return [v or b"" for v in column.to_pylist()], self._names(table)
+
+    def preprocess(self, table: pa.Table) -> list[Any]:
+        if self.pool is None:
+            raise ModelError(f"{type(self).__name__}: preprocess before setup; call setup(ctx) first")
+        values, names = self.picture_inputs(table)
         kept: dict[bytes, Any] = getattr(self._kept, "rows", {})
         keys = [_key(v) for v in values] if kept else []
         todo = [i for i in range(len(values)) if not kept or keys[i] not in kept]
-        done = self.pool.run([values[i] or b"" for i in todo], [names[i] for i in todo], self.prepare)
+        done = self.pool.run([values[i] for i in todo], [names[i] for i in todo], self.prepare)
         out: list[Any] = [kept.get(k) for k in keys] if kept else [None] * len(values)
         for i, result in zip(todo, done, strict=True):
             out[i] = result
@@ -101,6 +105,11 @@ class ImageAdapter(Adapter):
             if column and column in table.column_names:
                 return [str(v) for v in table.column(column).to_pylist()]
         return [f"row {i} of the window" for i in range(table.num_rows)]
+
+    def take_figures(self) -> dict[str, Any]:
+        decoded = self.pool.decoded if self.pool is not None else 0
+        new, self._reported = decoded - self._reported, decoded
+        return {"pictures_decoded": new} if new else {}
 
     def close(self) -> None:
         if self.pool is not None:

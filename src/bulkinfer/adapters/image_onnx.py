@@ -70,6 +70,9 @@ def parse_options(options: dict[str, Any], where: str) -> VisionOptions:
         raise ConfigError(f"{where}.{field}: {first['msg']}") from None
 
 
+_HEAD_COLUMNS = {"embed": ["embedding"], "classify": ["label", "score", "labels"], "detect": ["detections"]}
+
+
 class ImageOnnxAdapter(ImageAdapter):
     """An ONNX vision model with declared preprocessing and a head (see the module)."""
 
@@ -80,6 +83,7 @@ class ImageOnnxAdapter(ImageAdapter):
         super().__init__(**image)
         self.model_path = Path(model_path)
         self.opts = options
+        self.output_columns = _HEAD_COLUMNS[options.head]
         self.engine_name, self.precision = engine, precision
         self._session: Any = None
         self._compiled: Any = None

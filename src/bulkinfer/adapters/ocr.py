@@ -45,6 +45,7 @@ class OcrAdapter(ImageAdapter):
     """RapidOCR over batches of pictures (see the module)."""
 
     batch_size_hint = 4
+    output_columns = ("lines", "text")
 
     def __init__(self, engine: str = "onnxruntime", **image: Any) -> None:
         super().__init__(**image)

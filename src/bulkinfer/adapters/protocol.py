@@ -70,6 +70,9 @@ class Adapter:
     #: Rows read and preprocessed together when ``runtime.sort_window`` is not set; None: its
     #: default. Pictures keep it small: a decoded window is large and waits for the model.
     window_rows: int | None = None
+    #: The output columns ``postprocess`` writes, where the adapter knows them before a row
+    #: runs (a rule or another model reading a column is then checked at start); None: unknown.
+    output_columns: Sequence[str] | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         """Load the model. Called once per worker before any batch."""
@@ -105,6 +108,11 @@ class Adapter:
         if isinstance(outputs, Mapping):
             return outputs
         return {"prediction": outputs}
+
+    def take_figures(self) -> Mapping[str, Any]:
+        """Figures measured since the last call, for report.json (several models: each one's
+        seconds, rows and failures under ``models``; ``pictures_decoded``). Default: none."""
+        return {}
 
     def close(self) -> None:
         """Release resources (called once at the end)."""

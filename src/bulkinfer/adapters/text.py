@@ -128,6 +128,7 @@ class TextEmbeddingAdapter(Adapter):
             raise ModelError(f"{model_dir}: not a sentence-transformers directory (no modules.json)")
         self.text_column = text_column
         self.input_columns = (text_column,)
+        self.output_columns = ["embedding"]
         self.engine_name = engine
         self.precision = precision
         self.model_digest = model_digest

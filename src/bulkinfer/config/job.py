@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from ..core.errors import ConfigError
+from .ensemble import DecisionConfig, MemberConfig, check_member_name
 from .execution import ExecutionConfig
 from .exports import (
     ExportConfig,
@@ -27,6 +28,11 @@ class JobConfig(Section):
     """Where the rows come from."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """What model runs over them."""
+    models: dict[str, MemberConfig] = Field(default_factory=dict)
+    """Several models over the same input ([models.<name>] tables, each with [model]'s fields): each
+    writes its columns as <name>.<column> and may read another's (docs/ensembles.md). Instead of [model]."""
+    decision: DecisionConfig | None = None
+    """With [models]: the rules that write each row's `decision` column (routes then act on it)."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """How the model runs."""
     sink: SinkConfig = Field(default_factory=SinkConfig)
@@ -58,6 +64,16 @@ class JobConfig(Section):
             raise ValueError(f"two routes are named {dup!r}")
         return v
 
+    @field_validator("models")
+    @classmethod
+    def _member_names(cls, v: dict[str, MemberConfig]) -> dict[str, MemberConfig]:
+        for name in v:
+            try:
+                check_member_name(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
     @property
     def passthrough_columns(self) -> list[str]:
         """Input columns copied to the output: the id column, a video frame's video and time, and
@@ -83,8 +99,7 @@ class JobConfig(Section):
         self.refuse_unrendered()
         if not self.source.paths:
             raise ConfigError("source.paths: no input given; pass --input or set source.paths")
-        if not self.model.name:
-            raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+        self._one_kind_of_model()
         if not self.sink.path:
             raise ConfigError("sink.path: no output directory given; pass --output or set sink.path")
         scheme, sep, _ = self.sink.path.partition("://")
@@ -95,7 +110,20 @@ class JobConfig(Section):
                 raise ConfigError(f"sink.path: {self.sink.path}: no filesystem knows {scheme}:// (fsspec has none)")
 
 
-_HOLD_TEMPLATES = {"model": {"prompt_template", "messages", "chat_template"}}
+    def _one_kind_of_model(self) -> None:
+        if self.models and self.model.name:
+            raise ConfigError("model.name: a job runs [model] or [models.<name>] tables, not both; move it into one")
+        if not self.models and not self.model.name:
+            raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
+        if self.decision is not None and not self.models:
+            raise ConfigError(
+                "decision: rules over several models' columns need [models.<name>] tables; a [model] job routes "
+                "on its own columns with [[route]] when = ..."
+            )
+
+
+_TEMPLATES = {"prompt_template": True, "messages": True, "chat_template": True}
+_HOLD_TEMPLATES: dict[str, Any] = {"model": _TEMPLATES, "models": {"__all__": _TEMPLATES}}
 """Settings that are templates of their own (a prompt's placeholders, a Jinja chat template)."""
 _SECRET_WORDS = ("key", "secret", "password", "token", "storage_options")
 

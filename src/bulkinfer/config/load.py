@@ -13,11 +13,13 @@ from pydantic import BaseModel, ValidationError
 
 from ..core.credentials import find_masked
 from ..core.errors import ConfigError
+from .ensemble import DecisionConfig, MemberConfig
 from .exports import (
     EXPORT_KINDS,
     RouteConfig,
 )
 from .job import JobConfig
+from .model import ModelConfig
 
 
 def _format_validation_error(exc: ValidationError, origin: str) -> str:
@@ -145,7 +147,13 @@ def field_docs() -> Iterator[tuple[str, str, str]]:
                 default = "[]" if name == "export" else "(required)"
                 yield f"route.{name}", default, " ".join((field.description or "").split())
             continue
-        model = info.annotation
+        if section == "models":
+            yield "models.<name>", "{}", " ".join((info.description or "").split())
+            for name in [n for n in MemberConfig.model_fields if n not in ModelConfig.model_fields]:
+                field = MemberConfig.model_fields[name]
+                yield f"models.<name>.{name}", "None", " ".join((field.description or "").split())
+            continue
+        model = DecisionConfig if section == "decision" else info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
         for name, field in model.model_fields.items():
             default = field.get_default(call_default_factory=True)

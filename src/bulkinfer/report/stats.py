@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,8 @@ class RunStats:
     remote_batches: dict[str, int] = field(default_factory=dict)  # a remote Batch API's batches by status
     dedupe: bool | str | None = None  # runtime.dedupe as it ran (auto: what the runner decided)
     empty_inputs: list[str] = field(default_factory=list)  # input files of 0 bytes (a truncated upload?)
+    models: dict[str, dict[str, float]] = field(default_factory=dict)  # several models: seconds, rows, failed each
+    pictures_decoded: int = 0
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, rows out) per commit
     started: float = field(default_factory=time.perf_counter)
     running_since: float | None = None
@@ -105,6 +108,17 @@ class RunStats:
             with self._lock:
                 self.rows_truncated += rows
 
+    def add_figures(self, figures: Mapping[str, Any]) -> None:
+        """What an adapter measured (``Adapter.take_figures``): several models' own figures, pictures decoded."""
+        if not figures:
+            return
+        with self._lock:
+            self.pictures_decoded += int(figures.get("pictures_decoded", 0))
+            for name, own in (figures.get("models") or {}).items():
+                mine = self.models.setdefault(name, {"seconds": 0.0, "rows": 0, "failed": 0})
+                for key in mine:
+                    mine[key] += own.get(key, 0)
+
     def add_route(self, route: str, rows: int) -> None:
         with self._lock:
             self.routes[route] = self.routes.get(route, 0) + rows
@@ -130,6 +144,7 @@ class RunStats:
                 "rows_reused": self.rows_reused,
                 "rows_deduplicated": self.rows_deduplicated,
                 "rows_truncated": self.rows_truncated,
+                "adapter": {"models": dict(self.models), "pictures_decoded": self.pictures_decoded},
             }
 
     def merge(self, figures: dict[str, Any]) -> None:
@@ -146,6 +161,7 @@ class RunStats:
             self.rows_reused += figures.get("rows_reused", 0)
             self.rows_deduplicated += figures.get("rows_deduplicated", 0)
             self.rows_truncated += figures.get("rows_truncated", 0)
+        self.add_figures(figures.get("adapter") or {})
 
     def remote_line(self) -> str:
         """A remote Batch API's batches by status ("2 in_progress, 1 completed"; "" for a local model)."""
@@ -239,8 +255,19 @@ class RunStats:
             "drift": self.drift,
             "empty_inputs": list(self.empty_inputs),
             "remote_batches": dict(self.remote_batches),
+            "pictures_decoded": self.pictures_decoded,
+            "models": self._models(),
         }
         return {k: v for k, v in sections.items() if v}
+
+    def _models(self) -> dict[str, dict[str, Any]]:
+        """Several models: each one's seconds, busy share of the run, rows and failed rows."""
+        wall = max(self.run_s, 1e-9)
+        return {
+            name: {"seconds": round(f["seconds"], 3), "share": round(f["seconds"] / wall, 4),
+                   "rows": int(f["rows"]), "failed": int(f["failed"])}
+            for name, f in self.models.items()
+        }  # fmt: skip
 
     def _exports(self, wall: float) -> dict[str, Any]:
         if not self.exports:

@@ -333,6 +333,7 @@ class LocalRunner:
             isolate(item, lambda idx: self._call(item, idx), self._shrink, state)  # the rest is written
         finally:
             self.stats.add_time("infer", time.perf_counter() - t0)
+            self.stats.add_figures(self.adapter.take_figures())
             self.stats.rows_inferred += len(item.rows)
             self.on_progress()
 
