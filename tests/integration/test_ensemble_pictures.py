@@ -1,0 +1,75 @@
+"""The moderation pipeline of the issue in one job: NudeNet, RapidOCR and a text classifier over
+the OCR text, on photos and drawn pages; each picture read and decoded once for both picture
+models (counted), every model's columns written, equal to the single-model job's."""
+
+from __future__ import annotations
+
+import pytest
+
+from bulkinfer import load_config, run_job
+
+from helpers import fresh_module, read_output
+from pictures import text_page, write_photos
+
+pytest.importorskip("nudenet", reason="the picture models come with bulkinfer[images]")
+
+CLASSIFIER = '''
+from bulkinfer.adapters import Adapter
+
+WORDS = ("hate", "kill", "spam")
+
+
+class Toxic(Adapter):
+    output_columns = ("toxic",)
+
+    def predict(self, batch):
+        texts = batch.column(0).to_pylist()
+        return {"toxic": [min(1.0, sum(t.lower().count(w) for w in WORDS) / 2) for t in texts]}
+'''
+
+PAGES = {"page-0.png": ["hello world"], "page-1.png": ["I hate spam", "kill it"]}
+
+
+def test_three_models_decode_each_picture_once_and_write_every_models_columns(tmp_path, monkeypatch):
+    module = fresh_module(tmp_path, monkeypatch, "toxic_text", CLASSIFIER)
+    photos = write_photos(tmp_path / "pics", 4, scale=0.5)
+    for name, lines in PAGES.items():
+        text_page(lines).save(tmp_path / "pics" / name)
+    (tmp_path / "job.toml").write_text(f"""
+[source]
+paths = ["pics"]
+format = "images"
+
+[models.nudenet]
+name = "nudenet"
+
+[models.ocr]
+name = "ocr"
+
+[models.text]
+name = "{module}:Toxic"
+text_column = "ocr.text"
+
+[decision.rules]
+block = "max(nudenet.detections[label in ('FEMALE_BREAST_EXPOSED', 'BUTTOCKS_EXPOSED')].score) > 0.9"
+review = "text.toxic > 0.8"
+
+[sink]
+path = "out"
+""")
+    monkeypatch.chdir(tmp_path)
+    report = run_job(load_config("job.toml", overrides={"execution.progress": "none"})).report
+    rows = len(photos) + len(PAGES)
+    assert report["pictures_decoded"] == rows  # not once per picture model
+    assert {n: m["rows"] for n, m in report["models"].items()} == {"nudenet": rows, "ocr": rows, "text": rows}
+    out = {r["id"]: r for r in read_output(tmp_path / "out").to_pylist()}
+    assert out["page-1.png"]["ocr.text"] == "I hate spam\nkill it" and out["page-1.png"]["text.toxic"] == 1.0
+    assert {i: r["decision"] for i, r in out.items()} == {**dict.fromkeys(photos, "publish"),
+                                                           "page-0.png": "publish", "page-1.png": "review"}  # fmt: skip
+    assert {c for c in out["page-0.png"] if c.endswith(".error")} == {"nudenet.error", "ocr.error", "text.error"}
+    alone = run_job(load_config(overrides={"source.paths": ["pics"], "source.format": "images", "model.name": "nudenet",
+                                           "sink.path": "alone", "execution.progress": "none"}))  # fmt: skip
+    assert alone.report["pictures_decoded"] == rows
+    single = {r["id"]: r["detections"] for r in read_output(tmp_path / "alone").to_pylist()}
+    assert single == {i: r["nudenet.detections"] for i, r in out.items()}
+    assert any(single.values())  # the photos have faces NudeNet finds
