@@ -4,9 +4,12 @@ models (counted), every model's columns written, equal to the single-model job's
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import ConfigError, load_config, run_job
 
 from helpers import fresh_module, read_output
 from pictures import text_page, write_photos
@@ -27,6 +30,8 @@ class Toxic(Adapter):
         return {"toxic": [min(1.0, sum(t.lower().count(w) for w in WORDS) / 2) for t in texts]}
 '''
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "ensembles.md"
+EXAMPLE = re.compile(r"<!-- ensemble-example -->\n```toml\n(.*?)```", re.S)
 PAGES = {"page-0.png": ["hello world"], "page-1.png": ["I hate spam", "kill it"]}
 
 
@@ -35,28 +40,7 @@ def test_three_models_decode_each_picture_once_and_write_every_models_columns(tm
     photos = write_photos(tmp_path / "pics", 4, scale=0.5)
     for name, lines in PAGES.items():
         text_page(lines).save(tmp_path / "pics" / name)
-    (tmp_path / "job.toml").write_text(f"""
-[source]
-paths = ["pics"]
-format = "images"
-
-[models.nudenet]
-name = "nudenet"
-
-[models.ocr]
-name = "ocr"
-
-[models.text]
-name = "{module}:Toxic"
-text_column = "ocr.text"
-
-[decision.rules]
-block = "max(nudenet.detections[label in ('FEMALE_BREAST_EXPOSED', 'BUTTOCKS_EXPOSED')].score) > 0.9"
-review = "text.toxic > 0.8"
-
-[sink]
-path = "out"
-""")
+    (tmp_path / "job.toml").write_text(EXAMPLE.search(DOC.read_text()).group(1).replace("toxic_text", module))
     monkeypatch.chdir(tmp_path)
     report = run_job(load_config("job.toml", overrides={"execution.progress": "none"})).report
     rows = len(photos) + len(PAGES)
@@ -73,3 +57,7 @@ path = "out"
     single = {r["id"]: r["detections"] for r in read_output(tmp_path / "alone").to_pylist()}
     assert single == {i: r["nudenet.detections"] for i, r in out.items()}
     assert any(single.values())  # the photos have faces NudeNet finds
+    typo = load_config("job.toml", overrides={"models.text.text_column": "ocr.txt", "sink.path": "typo"})
+    with pytest.raises(ConfigError, match=r"^models\.text: reads 'ocr\.txt', which model 'ocr' does not write "
+                                          r"\(it writes ocr\.lines, ocr\.text\)$"):  # fmt: skip
+        run_job(typo)
