@@ -40,6 +40,7 @@ class Toxic(Adapter):
 
 def make_inputs(photos: int, pages: int) -> Path:
     from bench_images import make_photos
+
     from pictures import text_page
 
     folder = WORK / f"pics-{photos}-{pages}"
