@@ -233,3 +233,16 @@ class Server:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+def openai_schema_errors(name: str, body: object) -> list[str]:
+    """Where ``body`` breaks OpenAI's published schema ``name`` (tests/specs/openai.json, taken
+    from OpenAI's OpenAPI spec by tools/openai_schemas.py); [] when it validates."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    spec = json.loads((Path(__file__).parent / "specs" / "openai.json").read_text())
+    registry = Registry().with_resource("urn:openai", Resource.from_contents(spec, default_specification=DRAFT202012))
+    validator = Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=registry)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(body)]

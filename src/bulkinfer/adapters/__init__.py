@@ -302,6 +302,8 @@ def served_names(cfg: JobConfig, model: ResolvedModel) -> list[str]:
     """The ``model`` names an OpenAI request may ask for (the first is the one answers carry):
     ``model.served_name``, else the job's ``model.name``, and the model directory's name."""
     m = cfg.model
+    if model.kind == "ensemble":  # the models' names together ("nudenet+ocr+text"), or the one it is served as
+        return list(dict.fromkeys([m.served_name or "+".join(cfg.models), "+".join(cfg.models)]))
     return list(dict.fromkeys([m.served_name or m.name, m.name, Path(model.location).name]))
 
 

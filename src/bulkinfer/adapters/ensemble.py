@@ -107,20 +107,34 @@ class Rule:
     when: Expr
 
 
+def check_columns(expr: Expr, members: Sequence[Member], where: str) -> None:
+    """An expression over a model's column that model (declaring its columns) does not write: refused."""
+    outputs = {m.name: m.adapter.output_columns for m in members}
+    for col in columns(expr):
+        owner, _, rest = col.partition(".")
+        known = outputs.get(owner)
+        if known is not None and resolve_column(rest, known) is None:
+            raise ConfigError(
+                f"{where}: reads {col!r}, which model {owner!r} does not write "
+                f"(it writes {', '.join(f'{owner}.{c}' for c in known)})"
+            )
+
+
 def compile_decision(decision: DecisionConfig, members: Sequence[Member]) -> list[Rule]:
     """The decision's rules, parsed; a rule over a model's column that model does not write is refused."""
     rules = [Rule(o, parse(w, f"decision.rules.{o}")) for o, w in decision.rules.items()]
-    outputs = {m.name: m.adapter.output_columns for m in members}
     for rule in rules:
-        for col in columns(rule.when):
-            owner, _, rest = col.partition(".")
-            known = outputs.get(owner)
-            if known is not None and resolve_column(rest, known) is None:
-                raise ConfigError(
-                    f"decision.rules.{rule.outcome}: reads {col!r}, which model {owner!r} does not write "
-                    f"(it writes {', '.join(f'{owner}.{c}' for c in known)})"
-                )
+        check_columns(rule.when, members, f"decision.rules.{rule.outcome}")
     return rules
+
+
+def input_kinds(members: Sequence[Member]) -> dict[str, set[str]]:
+    """What each model reads, in the end: pictures (a picture model, or a model reading one's
+    columns: OCR's text) or text."""
+    kinds: dict[str, set[str]] = {}
+    for m in members:  # in their order: a reader after the models it reads
+        kinds[m.name] = {"image"} if m.pictures else set().union(*(kinds[u] for u in m.reads)) if m.reads else {"text"}
+    return kinds
 
 
 @dataclass
@@ -207,12 +221,16 @@ class Ensemble(Adapter):
             first = group[0].adapter
             assert isinstance(first, ImageAdapter) and self.pool is not None
             values, names = first.picture_inputs(table)
-            done = self.pool.run(values, names, _prepare_all([m.adapter for m in group]))
+            given = np.flatnonzero(~_absent(table, [first.image_column]))  # a row without a picture: none to decode
+            decoded = self.pool.run([values[i] for i in given], [names[i] for i in given], _prepare_all(group))
+            done: list[Any] = [None] * len(values)
+            for i, result in zip(given, decoded, strict=True):
+                done[i] = result
             bad = {i: r for i, r in enumerate(done) if isinstance(r, BadImage)}
             if bad:
                 raise RowsRejected(bad)
             for j, m in enumerate(group):
-                pictures[m.name] = [r[j] for r in done]
+                pictures[m.name] = [None if r is None else r[j] for r in done]
         return Features(table, pictures)
 
     def select(self, features: Any, indices: np.ndarray) -> Any:
@@ -228,7 +246,8 @@ class Ensemble(Adapter):
         out: dict[str, pa.Array] = {}
         for m in self.members:
             skipped = {i: f"skipped: model {u!r} failed on the row" for u in m.reads for i in failed[u]}
-            alive = np.array([i for i in range(n) if i not in skipped], dtype=np.int64)
+            absent = _absent(work, m.adapter.input_columns)  # no input: the model does not run on the row
+            alive = np.array([i for i in range(n) if i not in skipped and not absent[i]], dtype=np.int64)
             t0 = time.perf_counter()
             rows, cols, errors = self._run(m, batch, work, alive)
             self._figures.add(m.name, time.perf_counter() - t0, len(alive), len(errors))
@@ -322,9 +341,18 @@ def _preprocess(m: Member, work: pa.Table, alive: np.ndarray) -> tuple[np.ndarra
     return alive, None, errors
 
 
-def _prepare_all(adapters: Sequence[Adapter]) -> Callable[[np.ndarray], tuple[Any, ...]]:
+def _absent(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """The rows where any of ``columns`` (those the table has) is null."""
+    out = np.zeros(table.num_rows, dtype=bool)
+    for c in columns:
+        if c in table.column_names:
+            out |= table.column(c).is_null().to_numpy(zero_copy_only=False)
+    return out
+
+
+def _prepare_all(members: Sequence[Member]) -> Callable[[np.ndarray], tuple[Any, ...]]:
     """One decoded picture as each picture model prepares it (resized, normalised, its own way)."""
-    prepares = [a.prepare for a in adapters if isinstance(a, ImageAdapter)]
+    prepares = [m.adapter.prepare for m in members if isinstance(m.adapter, ImageAdapter)]
     return lambda image: tuple(p(image) for p in prepares)
 
 

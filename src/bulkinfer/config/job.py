@@ -15,6 +15,7 @@ from .exports import (
     RouteConfig,
 )
 from .model import ModelConfig
+from .moderation import ModerationConfig
 from .operations import CostConfig, IndexConfig, LineageConfig, MonitorConfig
 from .runtime import RuntimeConfig
 from .section import Section
@@ -33,6 +34,8 @@ class JobConfig(Section):
     writes its columns as <name>.<column> and may read another's (docs/ensembles.md). Instead of [model]."""
     decision: DecisionConfig | None = None
     """With [models]: the rules that write each row's `decision` column (routes then act on it)."""
+    moderation: ModerationConfig | None = None
+    """`serve`'s POST /v1/moderations: OpenAI's categories, each a score over the models' columns and a threshold."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """How the model runs."""
     sink: SinkConfig = Field(default_factory=SinkConfig)

@@ -20,6 +20,7 @@ from .exports import (
 )
 from .job import JobConfig
 from .model import ModelConfig
+from .moderation import CategoryConfig, ModerationConfig
 
 
 def _format_validation_error(exc: ValidationError, origin: str) -> str:
@@ -129,33 +130,52 @@ def load_config(
         raise ConfigError(_format_validation_error(exc, origin)) from exc
 
 
+def _doc(field: Any) -> str:
+    return " ".join((field.description or "").split())
+
+
+def _export_docs() -> Iterator[tuple[str, str, str]]:
+    kinds = ", ".join(t.model_fields["kind"].default for t in EXPORT_KINDS)
+    yield "export.kind", "(required)", f"Which target this [[export]] table is: {kinds}; its fields follow."
+    for target in EXPORT_KINDS:
+        kind = target.model_fields["kind"].default
+        for name, field in target.model_fields.items():
+            if name != "kind":
+                yield f"export.{name}", repr(field.get_default(call_default_factory=True)), f"({kind}) {_doc(field)}"
+
+
+def _route_docs() -> Iterator[tuple[str, str, str]]:
+    for name, field in RouteConfig.model_fields.items():
+        yield f"route.{name}", "[]" if name == "export" else "(required)", _doc(field)
+
+
+def _models_docs() -> Iterator[tuple[str, str, str]]:
+    yield "models.<name>", "{}", _doc(JobConfig.model_fields["models"])
+    for name in [n for n in MemberConfig.model_fields if n not in ModelConfig.model_fields]:
+        yield f"models.<name>.{name}", "None", _doc(MemberConfig.model_fields[name])
+
+
+def _moderation_docs() -> Iterator[tuple[str, str, str]]:
+    yield "moderation.categories", "{}", _doc(ModerationConfig.model_fields["categories"])
+    for name in ("score", "threshold"):
+        field = CategoryConfig.model_fields[name]
+        yield f"moderation.categories.{name}", repr(field.get_default()), _doc(field)
+    for name in ("text_column", "image_column"):
+        field = ModerationConfig.model_fields[name]
+        yield f"moderation.{name}", repr(field.get_default()), _doc(field)
+
+
+_NESTED = {"export": _export_docs, "route": _route_docs, "models": _models_docs, "moderation": _moderation_docs}
+"""Sections that are lists or tables of tables: documented by field, once."""
+
+
 def field_docs() -> Iterator[tuple[str, str, str]]:
     """Yield (dotted name, default, doc) for every leaf field, for help texts and the README."""
     for section, info in JobConfig.model_fields.items():
-        if section == "export":
-            kinds = ", ".join(t.model_fields["kind"].default for t in EXPORT_KINDS)
-            yield "export.kind", "(required)", f"Which target this [[export]] table is: {kinds}; its fields follow."
-            for target in EXPORT_KINDS:
-                for name, field in target.model_fields.items():
-                    if name != "kind":
-                        doc = " ".join((field.description or "").split())
-                        kind = target.model_fields["kind"].default
-                        yield f"export.{name}", repr(field.get_default(call_default_factory=True)), f"({kind}) {doc}"
-            continue
-        if section == "route":
-            for name, field in RouteConfig.model_fields.items():
-                default = "[]" if name == "export" else "(required)"
-                yield f"route.{name}", default, " ".join((field.description or "").split())
-            continue
-        if section == "models":
-            yield "models.<name>", "{}", " ".join((info.description or "").split())
-            for name in [n for n in MemberConfig.model_fields if n not in ModelConfig.model_fields]:
-                field = MemberConfig.model_fields[name]
-                yield f"models.<name>.{name}", "None", " ".join((field.description or "").split())
+        if section in _NESTED:
+            yield from _NESTED[section]()
             continue
         model = DecisionConfig if section == "decision" else info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
         for name, field in model.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            doc = " ".join((field.description or "").split())
-            yield f"{section}.{name}", repr(default), doc
+            yield f"{section}.{name}", repr(field.get_default(call_default_factory=True)), _doc(field)

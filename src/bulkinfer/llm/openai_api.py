@@ -24,6 +24,7 @@ __all__ = [
     "BadRequest",
     "GenRequest",
     "batch_request",
+    "check_model",
     "completion_body",
     "dumps",
     "embeddings_body",
@@ -147,7 +148,7 @@ def generation_request(url: str, body: Any, model_names: Sequence[str]) -> GenRe
     """Check a chat or completions request body; :class:`BadRequest` says what is wrong."""
     if not isinstance(body, Mapping):
         raise BadRequest("body: expected a JSON object", "body")
-    _check_model(body, model_names)
+    check_model(body, model_names)
     for name, neutral in _UNSUPPORTED.items():
         if name in body and body[name] not in neutral:
             raise BadRequest(f"{name}: not supported by bulkinfer; remove it from the request", name)
@@ -212,7 +213,7 @@ def embeddings_inputs(body: Any, model_names: Sequence[str], dimension: int | No
         raise BadRequest(
             f"{unknown[0]}: not a field of an embeddings request ({', '.join(EMBEDDINGS_FIELDS)})", unknown[0]
         )
-    _check_model(body, model_names)
+    check_model(body, model_names)
     if body.get("dimensions") is not None and body["dimensions"] != dimension:
         size = f"have {dimension} dimensions" if dimension else "have the model's own size"
         raise BadRequest(
@@ -233,7 +234,7 @@ def embeddings_inputs(body: Any, model_names: Sequence[str], dimension: int | No
     return texts, fmt
 
 
-def _check_model(body: Mapping[str, Any], names: Sequence[str]) -> None:
+def check_model(body: Mapping[str, Any], names: Sequence[str]) -> None:
     if not names:
         return
     model = body.get("model")

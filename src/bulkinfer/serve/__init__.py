@@ -26,12 +26,7 @@ def serve(cfg: JobConfig) -> None:
     from ..core.errors import ConfigError
     from .app import build_app
 
-    if cfg.models:
-        raise ConfigError(
-            "models: bulkinfer serve answers with one [model] for now; serve a job's models one by one "
-            "(several models online, and /v1/moderations over them, are not built yet)"
-        )
-    if not cfg.model.name:
+    if not cfg.model.name and not cfg.models:
         raise ConfigError("model.name: no model given; pass --model (e.g. --model minilm)")
     sv = cfg.serve
     if bool(sv.tls_cert) != bool(sv.tls_key):

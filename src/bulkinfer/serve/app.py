@@ -33,6 +33,7 @@ from ..llm.openai_api import CHAT, COMPLETIONS
 from . import openai
 from .generation import generate
 from .images import image_table
+from .moderations import moderations
 from .server import Server
 from .validation import ApiError, JSONResponse, live_inputs, read_body
 
@@ -97,6 +98,9 @@ class _Routes:
 
     async def completions(self, request: Request) -> Response:
         return await generate(self.server, request, COMPLETIONS)
+
+    async def moderations(self, request: Request) -> Response:
+        return await moderations(self.server, request)
 
     async def search(self, request: Request) -> Response:
         from .search import search
@@ -203,6 +207,8 @@ def build_app(cfg: JobConfig) -> Starlette:
         Route("/readyz", r.readyz, methods=["GET"]),
         Route("/metrics", r.metrics, methods=["GET"]),
     ]
+    if server.moderation_kinds is not None:  # a [moderation] section: its categories are answered
+        routes.append(Route("/v1/moderations", guarded("moderations", r.moderations), methods=["POST"]))
     if server.batches is not None:
         routes += _batch_routes(server, guarded)
 

@@ -27,6 +27,7 @@ from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .batches import BatchQueue
 from .files import FileStore
 from .metrics import ServeMetrics
+from .moderations import category_kinds
 from .results import ResultIndex
 from .share import ModelShare
 from .webhooks import Webhooks
@@ -57,10 +58,11 @@ class Server:
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
         if isinstance(self.adapter, ImageAdapter) and "id" not in self.passthrough:
             self.passthrough.insert(0, "id")  # a picture's answer names it: its file name, or the id sent
+        self.moderation_kinds = category_kinds(cfg, self.adapter) if cfg.moderation is not None else None
         self.metrics = ServeMetrics()
         self.batcher: Batcher | None = None
         self.setup_error: str | None = None
-        self.name = cfg.model.name
+        self.name = self.model_names[0]
         self.results = _results(self.sv.results, cfg) if self.sv.results else None
         if self.results is not None:
             log.info("precomputed results: %s", self.results.describe())
