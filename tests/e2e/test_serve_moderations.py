@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
+import time
 
 import httpx
 import pytest
@@ -15,7 +17,7 @@ from PIL import Image
 
 from bulkinfer import ConfigError, load_config
 
-from helpers import Server, fresh_module, openai_schema_errors
+from helpers import Server, cli, fresh_module, openai_schema_errors
 
 MODELS = '''
 import numpy as np
@@ -68,7 +70,7 @@ def data_url(color: str) -> str:
 def server(tmp_path, monkeypatch):
     module = fresh_module(tmp_path, monkeypatch, "moderation_models", MODELS)
     (tmp_path / "job.toml").write_text(job_toml(module))
-    srv = Server(["job.toml"], cwd=tmp_path)
+    srv = Server(["job.toml", "--batches", "state"], cwd=tmp_path)
     yield srv
     srv.stop()
 
@@ -130,3 +132,43 @@ def test_a_category_left_unmapped_or_a_column_no_model_writes_is_refused_at_star
     with pytest.raises(ConfigError, match=r"^moderation\.categories\.hate\.score: reads 'text\.toxicity', which model "
                                           r"'text' does not write \(it writes text\.toxic\)"):  # fmt: skip
         Serving(load_config(tmp_path / "job.toml"))
+
+
+def moderation_lines(path) -> None:
+    bodies = {"t1": {"input": "I hate it, kill it"}, "t2": {"input": ["a calm day", "hate"]},
+              "p1": {"input": [{"type": "image_url", "image_url": {"url": data_url("red")}}]},
+              "bad": {"input": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}}  # fmt: skip
+    path.write_text("".join(
+        json.dumps({"custom_id": k, "method": "POST", "url": "/v1/moderations", "body": b}) + "\n"
+        for k, b in bodies.items()
+    ))  # fmt: skip
+
+
+def test_a_moderations_batch_through_the_service_and_bulkinfer_run_answers_as_the_spec_says(server, tmp_path):
+    from openai import OpenAI
+
+    moderation_lines(tmp_path / "mod.jsonl")
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    upload = client.files.create(file=(tmp_path / "mod.jsonl").open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        assert time.monotonic() < deadline, batch.status
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch.errors
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
+    out = {x["custom_id"]: x for x in map(json.loads, client.files.content(batch.output_file_id).text.splitlines())}
+    (bad,) = map(json.loads, client.files.content(batch.error_file_id).text.splitlines())
+    assert bad["custom_id"] == "bad" and "expected a data URL" in json.dumps(bad)
+    for x in out.values():
+        assert openai_schema_errors("CreateModerationResponse", x["response"]["body"]) == []
+    assert out["t1"]["response"]["body"]["results"][0]["categories"]["hate"] is True
+    assert [r["category_scores"]["hate"] for r in out["t2"]["response"]["body"]["results"]] == [0.0, 0.5]
+    assert out["p1"]["response"]["body"]["results"][0]["categories"]["violence"] is True
+    ran = cli("run", "job.toml", "--input", "mod.jsonl", "--output", "ran", "--progress", "none", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    mine = {x["custom_id"]: x for x in map(json.loads, (tmp_path / "ran" / "_batch_output.jsonl").read_text().splitlines())}
+    assert {k: x["response"]["body"]["results"] for k, x in mine.items()} == {
+        k: x["response"]["body"]["results"] for k, x in out.items()
+    }

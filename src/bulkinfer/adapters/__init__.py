@@ -147,8 +147,12 @@ def _ensemble_adapter(cfg: JobConfig) -> Adapter:
     """The job's models built one by one, ordered so each runs after those it reads (see .ensemble)."""
     from .ensemble import Ensemble, Member, member_config, member_order
 
-    if cfg.source.format == "openai-batch":
-        raise ConfigError("models: an OpenAI batch file's requests name one model each; run it with [model]")
+    requests = cfg.source.format == "openai-batch"
+    if requests and cfg.moderation is None:
+        raise ConfigError(
+            "models: an OpenAI batch file over several models holds /v1/moderations requests; give the job a "
+            "[moderation] section (its categories' scores)"
+        )
     built: dict[str, Adapter] = {}
     for name in cfg.models:
         member = member_config(cfg, name)
@@ -158,7 +162,14 @@ def _ensemble_adapter(cfg: JobConfig) -> Adapter:
         Member(name, built[name], cfg.models[name].batch_size or built[name].batch_size_hint or 16, upstream)
         for name, upstream in reads.items()
     ]
-    return Ensemble(members, {n: m.options for n, m in cfg.models.items()}, cfg.decision)
+    ensemble = Ensemble(members, {n: m.options for n, m in cfg.models.items()}, cfg.decision)
+    if not requests:
+        return ensemble
+    from .moderation_requests import ModerationRequests, category_kinds
+
+    assert cfg.moderation is not None
+    names = served_names(cfg, ResolvedModel("ensemble", ",".join(cfg.models), ""))
+    return ModerationRequests(ensemble, names, cfg.moderation, category_kinds(cfg, ensemble))
 
 
 def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:

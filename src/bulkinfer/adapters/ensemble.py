@@ -64,7 +64,10 @@ def member_config(cfg: JobConfig, name: str) -> JobConfig:
         )
     model = cfg.model.model_validate(member.model_dump(exclude={"batch_size", "engine", "precision"}))
     runtime = cfg.runtime.model_copy(update={"precision": "fp32", **own})
-    return cfg.model_copy(update={"model": model, "runtime": runtime, "models": {}, "decision": None})
+    # a batch file's requests are read by the models together (moderations), each model reads rows
+    source = cfg.source.model_copy(update={"format": "auto"}) if cfg.source.format == "openai-batch" else cfg.source
+    return cfg.model_copy(update={"model": model, "runtime": runtime, "source": source, "models": {},
+                                  "decision": None, "moderation": None})  # fmt: skip
 
 
 def member_order(members: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -144,6 +147,9 @@ class Features:
 
     table: pa.Table
     pictures: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
 
 
 @dataclass

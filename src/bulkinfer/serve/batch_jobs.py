@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import Adapter
+from ..adapters.moderation_requests import MODERATIONS, ModerationRequests
 from ..commit.finish import batch_answers
 from ..commit.ledger import Ledger
 from ..config import ExecutionConfig, JobConfig, SinkConfig, SourceConfig
@@ -23,7 +24,7 @@ from .share import ModelShare, SharedModel
 
 __all__ = ["ENDPOINTS", "batch_model", "job_config", "run_batch", "stopped_files", "validate"]
 
-ENDPOINTS = {"text-embedding": (EMBEDDINGS,), "generate": (CHAT, COMPLETIONS)}
+ENDPOINTS = {"text-embedding": (EMBEDDINGS,), "generate": (CHAT, COMPLETIONS), "ensemble": (MODERATIONS,)}
 """The endpoints a batch may name, by the served model's kind."""
 
 EXPIRED = "This request could not be executed before the completion window expired."
@@ -34,16 +35,24 @@ def job_config(server_cfg: JobConfig, input_path: Path, out_dir: Path, shard_row
     return JobConfig(
         source=SourceConfig(paths=[str(input_path)], format="openai-batch", shard_rows=shard_rows),
         model=server_cfg.model,
+        models=server_cfg.models,
+        moderation=server_cfg.moderation,
         runtime=server_cfg.runtime,
         sink=SinkConfig(path=str(out_dir), format="openai-batch"),
         execution=ExecutionConfig(progress="none", redact=server_cfg.execution.redact),
     )
 
 
-def batch_model(kind: str, adapter: Adapter, names: list[str], share: ModelShare) -> Adapter:
+def batch_model(
+    kind: str, adapter: Adapter, names: list[str], share: ModelShare, moderation: tuple[Any, Any] | None = None
+) -> Adapter:
     """The adapter a batch job runs: the server's (set up once), called through ``share``; an
-    embeddings batch's requests are read by the same request adapter as ``bulkinfer run``'s."""
+    embeddings or moderations batch's requests are read by the same request adapter as
+    ``bulkinfer run``'s (``moderation``: the job's [moderation] and its categories' input types)."""
     shared = SharedModel(adapter, share)
+    if kind == "ensemble":
+        assert moderation is not None
+        return ModerationRequests(shared, names, *moderation)
     if kind == "text-embedding":
         from ..adapters.embed_requests import EmbeddingRequests
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
 from ..adapters.image import ImageAdapter
+from ..adapters.moderation_requests import category_kinds
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError
 from ..core.locks import try_lock
@@ -27,7 +28,6 @@ from .batcher import Answer, Batcher, Overloaded, measure_call_overhead
 from .batches import BatchQueue
 from .files import FileStore
 from .metrics import ServeMetrics
-from .moderations import category_kinds
 from .results import ResultIndex
 from .share import ModelShare
 from .webhooks import Webhooks
@@ -76,6 +76,11 @@ class Server:
 
     def _open_batches(self, root: Path) -> None:
         """The batch service over ``root`` (serve.batches): its files, queue and webhooks."""
+        if self.model.kind == "ensemble" and self.moderation_kinds is None:
+            raise ConfigError(
+                "serve.batches: batches over several models are /v1/moderations batches; give the job a "
+                "[moderation] section (its categories' scores)"
+            )
         if self.model.kind not in ENDPOINTS:
             raise ConfigError(
                 f"serve.batches: the Batch API answers {', '.join(e for es in ENDPOINTS.values() for e in es)}; "
@@ -145,7 +150,10 @@ class Server:
                 share=self.share,
             )
             if self.batches is not None:
-                self._batch_model = batch_model(self.model.kind, self.adapter, self.model_names, self.share)
+                moderation = (self.cfg.moderation, self.moderation_kinds) if self.moderation_kinds is not None else None
+                self._batch_model = batch_model(
+                    self.model.kind, self.adapter, self.model_names, self.share, moderation
+                )
             log.info("model loaded: %s", self.name)
         except BulkinferError as exc:
             self.setup_error = str(exc)
