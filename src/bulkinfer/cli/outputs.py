@@ -1,4 +1,5 @@
-"""The commands over finished outputs: ``inspect``, ``index``, ``compare``, ``report`` and ``costs``."""
+"""The commands over finished outputs: ``inspect``, ``index``, ``compare``, ``report``, ``costs``
+and ``review``."""
 
 from __future__ import annotations
 
@@ -221,3 +222,28 @@ def costs(
     except BulkinferError as exc:
         raise fail(exc) from None
     typer.echo(render(rows, output_format))
+
+
+def review(
+    output: Annotated[str, typer.Argument(help="A finished job's output whose route sent rows to review.")],
+    route: Annotated[str, typer.Option(help="The route whose folder holds the rows to review.")] = "review",
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8001,
+    api_keys_file: Annotated[
+        str | None, typer.Option(help="serve's API keys file: who may review (a key's id is the reviewer).")
+    ] = None,
+    lease_s: Annotated[float, typer.Option(help="Seconds a reviewer holds a row before another may take it.")] = 300,
+    quiet: QuietOption = False,
+) -> None:
+    """Open the rows a job routed to review in a web page: each with its picture or text, every
+    model's scores and the rule that sent it; approve (a) or reject (r), with a note. Each
+    decision is written once (<queue>/_review/decisions.parquet), a row held by one reviewer at a time."""
+    prepare(quiet)
+    from ..serve import serve_review
+
+    try:
+        serve_review(output, route, host, port, api_keys_file, lease_s)
+    except BulkinferError as exc:
+        raise fail(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None

@@ -11,10 +11,12 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import ConfigError
+
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["serve"]
+__all__ = ["serve", "serve_review"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -23,7 +25,6 @@ def serve(cfg: JobConfig) -> None:
     """Serve ``cfg``'s model until interrupted (SIGINT/SIGTERM: finish requests, then stop)."""
     import uvicorn
 
-    from ..core.errors import ConfigError
     from .app import build_app
 
     if not cfg.model.name and not cfg.models:
@@ -40,16 +41,7 @@ def serve(cfg: JobConfig) -> None:
             sv.host,
         )
     app = build_app(cfg)
-    sock = socket.socket(socket.AF_INET6 if ":" in cfg.serve.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((cfg.serve.host, cfg.serve.port))
-        sock.listen(2048)  # from here a client that read the URL below queues instead of being refused
-    except OSError as exc:
-        raise ConfigError(
-            f"serve.port: cannot listen on {cfg.serve.host}:{cfg.serve.port} ({exc.strerror or exc})"
-        ) from exc
-    host, port = sock.getsockname()[:2]
+    sock, host, port = _listen(cfg.serve.host, cfg.serve.port)
     scheme = "https" if sv.tls_cert else "http"
     log.info("serving %s at %s://%s:%d (%s)", cfg.model.name, scheme, host, port, route_list(app))
     config = uvicorn.Config(
@@ -64,11 +56,42 @@ def serve(cfg: JobConfig) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def _listen(host: str, port: int) -> tuple[socket.socket, str, int]:
+    """A listening socket on ``host:port`` (0: any free port) and the address it got."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # from here a client that read the URL logged next queues instead of being refused
+    except OSError as exc:
+        raise ConfigError(f"serve.port: cannot listen on {host}:{port} ({exc.strerror or exc})") from exc
+    got_host, got_port = sock.getsockname()[:2]
+    return sock, got_host, got_port
+
+
+def serve_review(out: str, route: str, host: str, port: int, api_keys_file: str | None, lease_s: float) -> None:
+    """The review page of ``out``'s route ``route`` until interrupted (see :mod:`.review`)."""
+    import uvicorn
+
+    from ..outputs.review import queue_folder
+    from .auth import KeyRing
+    from .review import ReviewQueue, review_app
+
+    folder, config = queue_folder(out, route)
+    queue = ReviewQueue(folder, config, route, lease_s)
+    sock, host, port = _listen(host, port)
+    decided = len(queue.store.decisions())
+    log.info("review queue of %s (%d rows, %d decided) at http://%s:%d", folder, len(queue.ids), decided, host, port)
+    config_ = uvicorn.Config(review_app(queue, KeyRing(api_keys_file)), log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config_).run(sockets=[sock])
+    finally:
+        queue.store.close()
+
+
 def _reload_keys_on_sighup(server: Any) -> None:
     """SIGHUP reads serve.api_keys_file again (new keys, revoked keys, new limits) without a restart."""
     import signal
-
-    from ..core.errors import ConfigError
 
     if server.keys.path is None or not hasattr(signal, "SIGHUP"):
         return

@@ -1,0 +1,178 @@
+"""The human-review queue of a finished job: the rows a route sent to review (its folder export),
+the decisions people take on them, and who holds which row.
+
+Decisions and leases live in SQLite beside the rows (``<queue>/_review/review.db``): a decision
+is one row keyed by the queue row's id, written once (a second is refused, naming who took the
+first); a row is leased to one reviewer at a time for ``lease_s`` seconds. After each decision
+``<queue>/_review/decisions.parquet`` is rewritten from the database (a temporary file renamed
+over the old), so ``bulkinfer compare`` and any Parquet reader see the decisions.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..core.errors import BulkinferError, ConfigError
+from ..finished.read import private_json
+
+__all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "queue_folder", "queue_rules"]
+
+VERDICTS = ("approve", "reject")
+"""approve: the row may be published (the rule sent it for nothing); reject: it may not."""
+DECISIONS = "_review/decisions.parquet"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (id TEXT PRIMARY KEY, verdict TEXT NOT NULL, note TEXT NOT NULL,
+                                      reviewer TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, reviewer TEXT NOT NULL, until REAL NOT NULL);
+"""
+
+
+class Conflict(BulkinferError):
+    """A decision that cannot be taken: the row is not in the queue (``status`` 404), or another
+    reviewer holds or decided it (409); the message names who."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def queue_folder(out: str, route: str) -> tuple[Path, dict[str, Any]]:
+    """The folder a finished job's route ``route`` wrote its rows to, and the job's config. A
+    relative folder is found from here, else beside the output."""
+    job = private_json(out, "job.json")
+    if job is None:
+        raise ConfigError(f"{out}: not an output of bulkinfer run (no _bulkinfer/job.json); give the job's output")
+    config = job.get("config") or {}
+    routes = {r["name"]: r for r in config.get("route") or []}
+    if route not in routes:
+        raise ConfigError(f"--route {route}: the job has no such route (its routes: {', '.join(routes) or 'none'})")
+    folders = [e["path"] for e in routes[route]["export"] if e.get("kind") == "folder"]
+    if not folders:
+        raise ConfigError(f"--route {route}: its rows go to no folder export; a review queue reads a folder's parts")
+    folder = Path(folders[0])
+    if not folder.is_absolute() and not folder.is_dir():
+        folder = Path(out).resolve().parent / folder
+    if not folder.is_dir():
+        raise ConfigError(f"--route {route}: its folder {folders[0]} is not here (nor beside {out}); has the job run?")
+    return folder, config
+
+
+def queue_rules(config: Mapping[str, Any], route: str) -> dict[str, str]:
+    """What sent a row to review, by its decision: the decision's rule (or the route's own when)."""
+    rules = dict(((config.get("decision") or {}).get("rules")) or {})
+    when = next(r["when"] for r in config.get("route") or [] if r["name"] == route)
+    return {**rules, "": when}
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: str
+    verdict: str
+    note: str
+    reviewer: str
+    at: float
+
+
+class ReviewStore:
+    """The decisions and leases of one queue (see the module); ``ids``: the queue's rows in order."""
+
+    def __init__(self, folder: Path, ids: list[str], lease_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.folder, self.ids, self.lease_s, self.clock = folder, ids, lease_s, clock
+        self._known = set(ids)
+        (folder / "_review").mkdir(exist_ok=True)
+        self._db = sqlite3.connect(folder / "_review" / "review.db", isolation_level=None, check_same_thread=False)
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+        self._export()
+
+    def lease(self, reviewer: str) -> str | None:
+        """The row ``reviewer`` works on next: the one they hold, else the first nobody decided
+        or holds (its lease starts now); None when every row is decided or held."""
+        with self._lock, self._tx():
+            now = self.clock()
+            held = {i: (who, until) for i, who, until in self._db.execute("SELECT id, reviewer, until FROM leases")}
+            decided = {i for (i,) in self._db.execute("SELECT id FROM decisions")}
+            mine = [i for i in self.ids if i not in decided and held.get(i, ("", 0))[0] == reviewer]
+            free = [i for i in self.ids if i not in decided and (i not in held or held[i][1] <= now)]
+            chosen = (mine + free)[0] if mine or free else None
+            if chosen is not None:
+                lease = (chosen, reviewer, now + self.lease_s)
+                self._db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", lease)
+            return chosen
+
+    def decide(self, row_id: str, reviewer: str, verdict: str, note: str = "") -> Decision:
+        """Take the decision on ``row_id``, once: a row not in the queue, decided already, or held
+        by someone else is a :class:`Conflict` naming who."""
+        if verdict not in VERDICTS:
+            raise Conflict(f"verdict {verdict!r}: expected one of {', '.join(VERDICTS)}", 400)
+        if row_id not in self._known:
+            raise Conflict(f"row {row_id!r} is not in this review queue", 404)
+        with self._lock:
+            with self._tx():
+                done = self._db.execute("SELECT reviewer, at FROM decisions WHERE id = ?", (row_id,)).fetchone()
+                if done is not None:
+                    raise Conflict(f"row {row_id!r} was decided by {done[0]} at {_when(done[1])}")
+                lease = self._db.execute("SELECT reviewer, until FROM leases WHERE id = ?", (row_id,)).fetchone()
+                if lease is not None and lease[0] != reviewer and lease[1] > self.clock():
+                    raise Conflict(f"row {row_id!r} is held by {lease[0]} until {_when(lease[1])}")
+                decision = Decision(row_id, verdict, note, reviewer, self.clock())
+                self._db.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?)", tuple(decision.__dict__.values()))
+                self._db.execute("DELETE FROM leases WHERE id = ?", (row_id,))
+            self._export()
+        return decision
+
+    def decisions(self) -> dict[str, Decision]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, verdict, note, reviewer, at FROM decisions ORDER BY at").fetchall()
+        return {r[0]: Decision(*r) for r in rows}
+
+    def holders(self) -> dict[str, str]:
+        """Who holds which row now."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, reviewer FROM leases WHERE until > ?", (self.clock(),)).fetchall()
+        return dict(rows)
+
+    def _tx(self) -> Any:
+        return _Transaction(self._db)
+
+    def _export(self) -> None:
+        """decisions.parquet from the database: written aside, renamed over the old one."""
+        import pyarrow.parquet as pq
+
+        rows = self._db.execute("SELECT id, verdict, note, reviewer, at FROM decisions ORDER BY at").fetchall()
+        names = ["id", "verdict", "note", "reviewer", "at"]
+        schema = pa.schema([(n, pa.float64() if n == "at" else pa.string()) for n in names])
+        table = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)}, schema=schema)
+        path = self.folder / DECISIONS
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an error): one writer at a time."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
