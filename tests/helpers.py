@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -201,11 +202,11 @@ def race(n: int, attempt) -> list[object]:
 
 
 class Server:
-    """``bulkinfer serve`` as a process on a free port; ``url`` once it listens."""
+    """``bulkinfer serve`` (or ``command``: ``review``) as a process on a free port; ``url`` once it listens."""
 
-    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True) -> None:
+    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True, command: str = "serve") -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "bulkinfer", "serve", "--port", "0", *args]
+        cmd = [sys.executable, "-m", "bulkinfer", command, "--port", "0", *args]
         self.proc = subprocess.Popen(
             cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
@@ -246,3 +247,15 @@ def openai_schema_errors(name: str, body: object) -> list[str]:
     registry = Registry().with_resource("urn:openai", Resource.from_contents(spec, default_specification=DRAFT202012))
     validator = Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=registry)
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(body)]
+
+
+ARTIFACTS = Path(os.environ.get("BULKINFER_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    import pytest
+
+    if path is None:  # make test installs it (tools/system_deps.sh): a missing browser is a failure, not a skip
+        pytest.fail("chromium is missing: run make test (tools/system_deps.sh installs Debian's chromium)")
+    return path

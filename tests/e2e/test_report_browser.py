@@ -5,25 +5,13 @@ content, and a screenshot kept under ``test-artifacts/`` for a person to look at
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 
 from bulkinfer import load_config, run_job
 
-from helpers import cli, tabular_table, train_classifier, write
-
-ARTIFACTS = Path(os.environ.get("BULKINFER_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:  # make test installs it (tools/system_deps.sh): a missing browser is a failure, not a skip
-        pytest.fail("chromium is missing: run make test (tools/system_deps.sh installs Debian's chromium)")
-    return path
+from helpers import ARTIFACTS, chromium, cli, tabular_table, train_classifier, write
 
 
 def open_page(page_file: Path, shot: Path) -> dict:

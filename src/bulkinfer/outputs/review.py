@@ -24,7 +24,7 @@ import pyarrow as pa
 from ..core.errors import BulkinferError, ConfigError
 from ..finished.read import private_json
 
-__all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "queue_folder", "queue_rules"]
+__all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "queue_folder", "sent_by"]
 
 VERDICTS = ("approve", "reject")
 """approve: the row may be published (the rule sent it for nothing); reject: it may not."""
@@ -66,11 +66,24 @@ def queue_folder(out: str, route: str) -> tuple[Path, dict[str, Any]]:
     return folder, config
 
 
-def queue_rules(config: Mapping[str, Any], route: str) -> dict[str, str]:
-    """What sent a row to review, by its decision: the decision's rule (or the route's own when)."""
-    rules = dict(((config.get("decision") or {}).get("rules")) or {})
-    when = next(r["when"] for r in config.get("route") or [] if r["name"] == route)
-    return {**rules, "": when}
+def sent_by(config: Mapping[str, Any], route: str, row: pa.Table) -> str:
+    """What sent a (one-row) table to review: the first decision rule that holds on it, else why
+    no rule did (a model failed: ``on_error``; else ``default``); without decision rules, the
+    route's own ``when``."""
+    from ..core.expr import ExprError, mask, parse
+
+    decision = config.get("decision")
+    if not decision:
+        return str(next(r["when"] for r in config.get("route") or [] if r["name"] == route))
+    for outcome, when in decision["rules"].items():
+        try:
+            if mask(parse(when), row)[0].as_py():
+                return f"{outcome}: {when}"
+        except ExprError:  # a column the rows do not keep: this rule cannot be shown to hold
+            continue
+    if any(row.column(c)[0].is_valid for c in row.column_names if c.endswith(".error")):
+        return f"{decision['on_error']}: decision.on_error (a model failed on the row, no rule held)"
+    return f"{decision['default']}: decision.default (no rule held)"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from ..core.errors import ConfigError
-from ..outputs.review import Conflict, ReviewStore, queue_rules
+from ..outputs.review import Conflict, ReviewStore, sent_by
 from .auth import KeyRing
 from .validation import ApiError, JSONResponse
 
@@ -45,7 +45,7 @@ class ReviewQueue:
         self.ids = [str(v) for v in self.table.column(id_column).to_pylist()]
         if len(set(self.ids)) != len(self.ids):
             raise ConfigError(f"{folder}: an id appears twice among the review rows; a decision names one row")
-        self.id_column, self.rules = id_column, queue_rules(config, route)
+        self.id_column, self.config, self.route = id_column, config, route
         self.store = ReviewStore(folder, self.ids, lease_s)
         self._at = {i: n for n, i in enumerate(self.ids)}
 
@@ -60,9 +60,10 @@ class ReviewQueue:
 
     def row(self, row_id: str) -> dict[str, Any]:
         """One row as the page shows it: its scores, its text, whether it has a picture, its rule."""
-        values = self.table.slice(self._at[row_id], 1).to_pylist()[0]
+        one = self.table.slice(self._at[row_id], 1)
+        values = one.to_pylist()[0]
         decision = self._decision(row_id)
-        rule = self.rules.get(decision or "", self.rules[""])
+        rule = sent_by(self.config, self.route, one)
         shown = {k: _shown(v) for k, v in values.items() if k not in ("image", self.id_column, "_input_hash")}
         return {"id": row_id, "decision": decision, "rule": rule, "columns": shown,
                 "picture": self.picture(row_id) is not None}  # fmt: skip
