@@ -6,12 +6,14 @@ for nothing outside the server."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 
 from bulkinfer import load_config, run_job
 
 from ensemble_job import REVIEW, job
-from helpers import ARTIFACTS, Server, chromium
+from helpers import ARTIFACTS, Server, chromium, cli
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 
@@ -62,6 +64,14 @@ def test_two_reviewers_work_the_queue_with_the_keyboard(tmp_path, monkeypatch):
     assert [(d["id"], d["verdict"], d["reviewer"], d["note"]) for d in decisions] == [
         (first, "approve", "alice", ""), (second, "reject", "alice", "spam, twice")
     ]  # fmt: skip
+    summary = json.loads(cli("review", "out", "--summary", "--json", cwd=tmp_path, check=True).stdout)
+    rules = summary["rules"]
+    assert summary["rows"] == len(REVIEW) and summary["decided"] == 2
+    assert sum(r["rows"] for r in rules.values()) == len(REVIEW)
+    reviewed = {k: (r["approved"], r["rejected"]) for k, r in rules.items() if r["approved"] or r["rejected"]}
+    assert sum(a for a, _ in reviewed.values()) == 1 and sum(r for _, r in reviewed.values()) == 1
+    assert all(r["precision"] == (r["rejected"] / (r["approved"] + r["rejected"])) for r in rules.values()
+               if r["precision"] is not None)  # fmt: skip
     assert console == ["error: Failed to load resource: the server responded with a status of 409 (Conflict)"]  # bob's
     assert all(u.startswith(server.url) or u.startswith("blob:") for u in requests), requests
 

@@ -233,17 +233,35 @@ def review(
         str | None, typer.Option(help="serve's API keys file: who may review (a key's id is the reviewer).")
     ] = None,
     lease_s: Annotated[float, typer.Option(help="Seconds a reviewer holds a row before another may take it.")] = 300,
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Print each rule's rows, approvals, rejections and precision; exit.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --summary: as JSON.")] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Open the rows a job routed to review in a web page: each with its picture or text, every
     model's scores and the rule that sent it; approve (a) or reject (r), with a note. Each
     decision is written once (<queue>/_review/decisions.parquet), a row held by one reviewer at a time."""
     prepare(quiet)
-    from ..serve import serve_review
+    from ..serve import review_queue, serve_review
 
     try:
+        if summary:
+            _print_review(review_queue(output, route).summary(), as_json)
+            return
         serve_review(output, route, host, port, api_keys_file, lease_s)
     except BulkinferError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+
+
+def _print_review(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(figures, indent=1))
+        return
+    typer.echo(f"{figures['rows']} rows under review, {figures['decided']} decided")
+    for rule, f in figures["rules"].items():
+        precision = "-" if f["precision"] is None else f"{f['precision']:.2f}"
+        counts = f"{f['rejected']} rejected  {f['approved']} approved  {f['pending']} pending"
+        typer.echo(f"  {f['rows']:>6} rows  {counts}  precision {precision}  {rule}")

@@ -16,7 +16,7 @@ from ..core.errors import ConfigError
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["serve", "serve_review"]
+__all__ = ["review_queue", "serve", "serve_review"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -69,16 +69,24 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str, int]:
     return sock, got_host, got_port
 
 
+def review_queue(out: str, route: str, lease_s: float = 300) -> Any:
+    """The review queue of ``out``'s route ``route`` (:class:`.review.ReviewQueue`)."""
+    from ..outputs.review import queue_folder
+    from .review import ReviewQueue
+
+    folder, config = queue_folder(out, route)
+    return ReviewQueue(folder, config, route, lease_s)
+
+
 def serve_review(out: str, route: str, host: str, port: int, api_keys_file: str | None, lease_s: float) -> None:
     """The review page of ``out``'s route ``route`` until interrupted (see :mod:`.review`)."""
     import uvicorn
 
-    from ..outputs.review import queue_folder
     from .auth import KeyRing
-    from .review import ReviewQueue, review_app
+    from .review import review_app
 
-    folder, config = queue_folder(out, route)
-    queue = ReviewQueue(folder, config, route, lease_s)
+    queue = review_queue(out, route, lease_s)
+    folder = queue.store.folder
     sock, host, port = _listen(host, port)
     decided = len(queue.store.decisions())
     log.info("review queue of %s (%d rows, %d decided) at http://%s:%d", folder, len(queue.ids), decided, host, port)

@@ -84,6 +84,23 @@ class ReviewQueue:
                 return None
         return None
 
+    def summary(self) -> dict[str, Any]:
+        """Each rule's rows and what reviewers said of them: its precision is the share of its
+        reviewed rows they rejected (the rule was right to hold them back)."""
+        decided = self.store.decisions()
+        rules: dict[str, dict[str, Any]] = {}
+        for row_id in self.ids:
+            rule = sent_by(self.config, self.route, self.table.slice(self._at[row_id], 1))
+            figures = rules.setdefault(rule, {"rows": 0, "approved": 0, "rejected": 0})
+            figures["rows"] += 1
+            if row_id in decided:
+                figures["approved" if decided[row_id].verdict == "approve" else "rejected"] += 1
+        for figures in rules.values():
+            reviewed = figures["approved"] + figures["rejected"]
+            figures["pending"] = figures["rows"] - reviewed
+            figures["precision"] = round(figures["rejected"] / reviewed, 4) if reviewed else None
+        return {"rows": len(self.ids), "decided": len(decided), "rules": rules}
+
     def _decision(self, row_id: str) -> str | None:
         if "decision" not in self.table.column_names:
             return None
