@@ -233,6 +233,10 @@ def review(
         str | None, typer.Option(help="serve's API keys file: who may review (a key's id is the reviewer).")
     ] = None,
     lease_s: Annotated[float, typer.Option(help="Seconds a reviewer holds a row before another may take it.")] = 300,
+    decisions_dsn: Annotated[
+        str | None, typer.Option(help="PostgreSQL DSN: each decision also goes to a table there, once.")
+    ] = None,
+    decisions_table: Annotated[str, typer.Option(help="With --decisions-dsn: the table.")] = "review_decisions",
     summary: Annotated[
         bool, typer.Option("--summary", help="Print each rule's rows, approvals, rejections and precision; exit.")
     ] = False,
@@ -249,7 +253,8 @@ def review(
         if summary:
             _print_review(review_queue(output, route).summary(), as_json)
             return
-        serve_review(output, route, host, port, api_keys_file, lease_s)
+        mirror = (decisions_dsn, decisions_table) if decisions_dsn else None
+        serve_review(output, route, host, port, api_keys_file, lease_s, mirror)
     except BulkinferError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:

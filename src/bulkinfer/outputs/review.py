@@ -10,7 +10,9 @@ over the old), so ``bulkinfer compare`` and any Parquet reader see the decisions
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -23,6 +25,8 @@ import pyarrow as pa
 
 from ..core.errors import BulkinferError, ConfigError
 from ..finished.read import private_json
+
+log = logging.getLogger("bulkinfer")
 
 __all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "queue_folder", "sent_by"]
 
@@ -95,17 +99,52 @@ class Decision:
     at: float
 
 
-class ReviewStore:
-    """The decisions and leases of one queue (see the module); ``ids``: the queue's rows in order."""
+class PostgresDecisions:
+    """The decisions also in a PostgreSQL table, keyed by (queue, id): each written once however
+    often it is sent (``ON CONFLICT DO NOTHING``), so the store sends every decision again at
+    start and after a failed write: none is lost, none doubled."""
 
-    def __init__(self, folder: Path, ids: list[str], lease_s: float, clock: Callable[[], float] = time.time) -> None:
-        self.folder, self.ids, self.lease_s, self.clock = folder, ids, lease_s, clock
+    def __init__(self, dsn: str, table: str, queue: str) -> None:
+        import psycopg
+
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", table):
+            raise ConfigError(f"--decisions-table {table!r}: a table name (schema.table allowed)")
+        self.table, self.queue = table, queue
+        try:
+            self.conn = psycopg.connect(dsn, connect_timeout=5, autocommit=True)
+            self.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (queue text NOT NULL, id text NOT NULL, verdict text NOT NULL, "
+                "note text NOT NULL, reviewer text NOT NULL, at double precision NOT NULL, PRIMARY KEY (queue, id))"
+            )
+        except psycopg.Error as exc:
+            raise ConfigError(f"--decisions-dsn: cannot use PostgreSQL ({' '.join(str(exc).split())[:200]})") from None
+
+    def put(self, decisions: list[Decision]) -> None:
+        rows = [(self.queue, d.id, d.verdict, d.note, d.reviewer, d.at) for d in decisions]
+        with self.conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ReviewStore:
+    """The decisions and leases of one queue (see the module); ``ids``: the queue's rows in order;
+    ``mirror``: a PostgreSQL table the decisions are also written to."""
+
+    def __init__(
+        self, folder: Path, ids: list[str], lease_s: float, clock: Callable[[], float] = time.time,
+        mirror: PostgresDecisions | None = None,
+    ) -> None:  # fmt: skip
+        self.folder, self.ids, self.lease_s, self.clock, self.mirror = folder, ids, lease_s, clock, mirror
         self._known = set(ids)
         (folder / "_review").mkdir(exist_ok=True)
         self._db = sqlite3.connect(folder / "_review" / "review.db", isolation_level=None, check_same_thread=False)
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
+        self._unsent = True  # every decision goes to the mirror at start (a crash may have left some unsent)
         self._export()
+        self._send([])
 
     def lease(self, reviewer: str) -> str | None:
         """The row ``reviewer`` works on next: the one they hold, else the first nobody decided
@@ -141,7 +180,22 @@ class ReviewStore:
                 self._db.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?)", tuple(decision.__dict__.values()))
                 self._db.execute("DELETE FROM leases WHERE id = ?", (row_id,))
             self._export()
+            self._send([decision])
         return decision
+
+    def _send(self, rows: list[Decision]) -> None:
+        """The decisions to the mirror: all of them after a failure (or at start), else ``rows``."""
+        if self.mirror is None:
+            return
+        import psycopg
+
+        try:
+            self.mirror.put(rows if not self._unsent else [Decision(*r) for r in self._all()])
+            self._unsent = False
+        except psycopg.Error as exc:
+            self._unsent = True
+            log.warning("review decisions: PostgreSQL write failed (%s); sent again with the next decision",
+                        " ".join(str(exc).split())[:200])  # fmt: skip
 
     def decisions(self) -> dict[str, Decision]:
         with self._lock:
@@ -154,6 +208,9 @@ class ReviewStore:
             rows = self._db.execute("SELECT id, reviewer FROM leases WHERE until > ?", (self.clock(),)).fetchall()
         return dict(rows)
 
+    def _all(self) -> list[tuple[Any, ...]]:
+        return self._db.execute("SELECT id, verdict, note, reviewer, at FROM decisions ORDER BY at").fetchall()
+
     def _tx(self) -> Any:
         return _Transaction(self._db)
 
@@ -161,7 +218,7 @@ class ReviewStore:
         """decisions.parquet from the database: written aside, renamed over the old one."""
         import pyarrow.parquet as pq
 
-        rows = self._db.execute("SELECT id, verdict, note, reviewer, at FROM decisions ORDER BY at").fetchall()
+        rows = self._all()
         names = ["id", "verdict", "note", "reviewer", "at"]
         schema = pa.schema([(n, pa.float64() if n == "at" else pa.string()) for n in names])
         table = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)}, schema=schema)
@@ -172,6 +229,8 @@ class ReviewStore:
 
     def close(self) -> None:
         self._db.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 class _Transaction:

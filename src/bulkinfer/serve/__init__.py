@@ -69,23 +69,28 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str, int]:
     return sock, got_host, got_port
 
 
-def review_queue(out: str, route: str, lease_s: float = 300) -> Any:
-    """The review queue of ``out``'s route ``route`` (:class:`.review.ReviewQueue`)."""
-    from ..outputs.review import queue_folder
+def review_queue(out: str, route: str, lease_s: float = 300, decisions: tuple[str, str] | None = None) -> Any:
+    """The review queue of ``out``'s route ``route`` (:class:`.review.ReviewQueue`); ``decisions``:
+    a PostgreSQL DSN and table the decisions are also written to."""
+    from ..outputs.review import PostgresDecisions, queue_folder
     from .review import ReviewQueue
 
     folder, config = queue_folder(out, route)
-    return ReviewQueue(folder, config, route, lease_s)
+    mirror = PostgresDecisions(*decisions, str(folder.resolve())) if decisions else None
+    return ReviewQueue(folder, config, route, lease_s, mirror)
 
 
-def serve_review(out: str, route: str, host: str, port: int, api_keys_file: str | None, lease_s: float) -> None:
+def serve_review(
+    out: str, route: str, host: str, port: int, api_keys_file: str | None, lease_s: float,
+    decisions: tuple[str, str] | None = None,
+) -> None:  # fmt: skip
     """The review page of ``out``'s route ``route`` until interrupted (see :mod:`.review`)."""
     import uvicorn
 
     from .auth import KeyRing
     from .review import review_app
 
-    queue = review_queue(out, route, lease_s)
+    queue = review_queue(out, route, lease_s, decisions)
     folder = queue.store.folder
     sock, host, port = _listen(host, port)
     decided = len(queue.store.decisions())

@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from ..core.errors import ConfigError
-from ..outputs.review import Conflict, ReviewStore, sent_by
+from ..outputs.review import Conflict, PostgresDecisions, ReviewStore, sent_by
 from .auth import KeyRing
 from .validation import ApiError, JSONResponse
 
@@ -35,7 +35,9 @@ _BIG = 200
 class ReviewQueue:
     """The rows under review, their decisions and how each is shown."""
 
-    def __init__(self, folder: Path, config: dict[str, Any], route: str, lease_s: float) -> None:
+    def __init__(
+        self, folder: Path, config: dict[str, Any], route: str, lease_s: float, mirror: PostgresDecisions | None = None
+    ) -> None:
         import pyarrow.dataset as pads
 
         self.table = pads.dataset(folder, format="parquet").to_table()
@@ -46,7 +48,7 @@ class ReviewQueue:
         if len(set(self.ids)) != len(self.ids):
             raise ConfigError(f"{folder}: an id appears twice among the review rows; a decision names one row")
         self.id_column, self.config, self.route = id_column, config, route
-        self.store = ReviewStore(folder, self.ids, lease_s)
+        self.store = ReviewStore(folder, self.ids, lease_s, mirror=mirror)
         self._at = {i: n for n, i in enumerate(self.ids)}
 
     def listing(self) -> list[dict[str, Any]]:
