@@ -78,6 +78,10 @@ def write_report(
     }
     report["cost"].update({"instance": cfg.cost.instance, "price_source": price_source, "labels": cfg.cost.labels})
     report["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at))
+    previous = _previous_report(ledger, fingerprint)
+    report["job"] = _job_totals(previous, report)
+    if previous is not None and not (stats.rows_out or stats.rows_failed or stats.shards_committed):
+        report = _kept(previous, report)  # a run that did nothing does not replace the last run's figures
     try:
         ledger.write_private(STATS, stats.output.to_json())
         ledger.write_private("report.json", report)
@@ -90,6 +94,35 @@ def write_report(
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
+
+
+def _previous_report(ledger: PrivateFiles, fingerprint: str) -> dict[str, Any] | None:
+    """The report an earlier run of this job left (None: none, unreadable, or another job's)."""
+    try:
+        previous = ledger.read_private("report.json")
+    except (OSError, OutputError, ValueError):
+        return None
+    return previous if previous and previous.get("job_fingerprint") == fingerprint else None
+
+
+_TOTALS = ("rows_out", "rows_failed", "wall_s")
+
+
+def _job_totals(previous: Mapping[str, Any] | None, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's figures over every run so far (an older report without them counts as one run)."""
+    before = dict((previous or {}).get("job") or {})
+    if previous is not None and not before:
+        before = {"runs": 1, **{k: previous.get(k, 0) for k in _TOTALS}, "cost": previous["cost"].get("run", 0.0)}
+    totals = {"runs": before.get("runs", 0) + 1}
+    totals.update({k: round(before.get(k, 0) + report[k], 3) for k in _TOTALS})
+    totals["cost"] = round(before.get("cost", 0.0) + report["cost"]["run"], 6)
+    return totals
+
+
+def _kept(previous: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str, Any]:
+    """The last run's report, with the job's totals and the run that found nothing left to do."""
+    latest = {k: report[k] for k in ("status", "started_at", "wall_s", "rows_out", "rows_already_done")}
+    return {**previous, "job": report["job"], "latest_run": {**latest, "did_nothing": True}}
 
 
 def _stamp(at: float) -> str:
