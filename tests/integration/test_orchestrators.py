@@ -143,6 +143,15 @@ def test_airflow_retries_a_stopped_job_and_the_retry_resumes(tmp_path, airflow_h
     (line,) = [json.loads(x) for x in summary.read_text().splitlines()]  # the downstream task ran once, on XCom
     assert line["output"] == str(out) and line["rows_out"] == ROWS - line["rows_already_done"]
     assert 50 <= line["rows_already_done"] < ROWS  # the retry resumed: what the first try committed was kept
+    # the second night writes its own folder, every row again (not "already committed" in the first's)
+    proc = subprocess.run(
+        [airflow, "dags", "test", "bulkinfer_nightly", "2026-12-02", "--conf", json.dumps(conf)],
+        env={**env, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    _every_row_once(base / "2026-12-02")
+    second = json.loads(summary.read_text().splitlines()[1])
+    assert second["output"] == str(base / "2026-12-02") and (second["rows_out"], second["rows_already_done"]) == (ROWS, 0)
 
 
 def test_airflow_fails_a_bad_job_file_at_once(tmp_path, airflow_home):
