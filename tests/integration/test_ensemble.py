@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
-from bulkinfer import BulkinferError, ConfigError, load_config, run_job
+from bulkinfer import BulkinferError, load_config, run_job
 
 from ensemble_job import BLOCK, BOOM, PUBLISH, REVIEW, N, job
 from helpers import BULKINFER, read_output
@@ -83,10 +83,3 @@ def test_a_broken_graph_or_rule_is_refused_before_any_row_runs(tmp_path, monkeyp
         run_job(cfg)
     assert not list(tmp_path.glob("out/part-*"))  # no row ran
 
-
-def test_serve_refuses_several_models_in_one_line(tmp_path, monkeypatch):
-    from bulkinfer.serve import serve
-
-    job(tmp_path, monkeypatch)
-    with pytest.raises(ConfigError, match=r"^models: bulkinfer serve answers with one \[model\] for now"):
-        serve(load_config(tmp_path / "job.toml"))
