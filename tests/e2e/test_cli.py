@@ -61,12 +61,18 @@ def _config_fields() -> set[str]:
             return [annotation]
         return [m for arg in typing.get_args(annotation) for m in models(arg)]
 
-    return {
+    from bulkinfer.config import ModelConfig
+    from bulkinfer.config.ensemble import MemberConfig
+
+    fields = {
         f"{section}.{name}"
         for section, field in JobConfig.model_fields.items()
+        if section != "models"
         for model in models(field.annotation)
         for name in model.model_fields
-    }
+    }  # [models.<name>] tables: [model]'s fields (listed once, under model.) and their own
+    return fields | {"models.<name>"} | {f"models.<name>.{n}" for n in MemberConfig.model_fields
+                                         if n not in ModelConfig.model_fields}  # fmt: skip
 
 
 def test_help_lists_every_config_field():

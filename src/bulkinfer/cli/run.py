@@ -189,6 +189,15 @@ def run(
 
 def _summary(r: Mapping[str, Any], output: str) -> None:
     """The lines a finished run prints: rows, time shares, index, backend, cost."""
+    latest = r.get("latest_run") or {}
+    if latest.get("did_nothing"):  # the report kept the last run that did work: say what this one did
+        typer.echo(
+            f"done: 0 rows written this run ({latest['rows_already_done']} already committed) in "
+            f"{latest['wall_s']:.1f} s: nothing left to do -> {output}"
+        )
+        typer.echo(f"last run that did work: {r['rows_out']} rows at {r['rows_per_s']:.1f} rows/s, {r['started_at']}; "
+                   f"report: {output}/_bulkinfer/report.json")  # fmt: skip
+        return
     typer.echo(
         f"done: {r['rows_out']} rows written this run ({r['rows_already_done']} already committed) in "
         f"{r['wall_s']:.1f} s, {r['rows_per_s']:.1f} rows/s -> {output}"

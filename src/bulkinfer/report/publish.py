@@ -121,7 +121,8 @@ def _job_totals(previous: Mapping[str, Any] | None, report: Mapping[str, Any]) -
 
 def _kept(previous: Mapping[str, Any], report: Mapping[str, Any]) -> dict[str, Any]:
     """The last run's report, with the job's totals and the run that found nothing left to do."""
-    latest = {k: report[k] for k in ("status", "started_at", "wall_s", "rows_out", "rows_already_done")}
+    latest = {k: report[k] for k in ("status", "started_at", "wall_s", "rows_out", "rows_already_done", "engine",
+                                     "precision")}  # fmt: skip
     return {**previous, "job": report["job"], "latest_run": {**latest, "did_nothing": True}}
 
 
