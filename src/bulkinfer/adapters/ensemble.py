@@ -89,19 +89,24 @@ def member_order(members: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     return {n: reads[n] for n in order}
 
 
+def _refuse_unwritten(col: str, members: Sequence[Member], where: str) -> None:
+    """``col`` is ``<model>.<column>`` of a model that declares its columns and does not write it:
+    refused, naming what it writes (a name without a model's prefix is an input column)."""
+    owner, _, rest = col.partition(".")
+    known = next((m.adapter.output_columns for m in members if m.name == owner), None)
+    if known is not None and rest and resolve_column(rest, known) is None:
+        raise ConfigError(
+            f"{where}: reads {col!r}, which model {owner!r} does not write "
+            f"(it writes {', '.join(f'{owner}.{c}' for c in known)})"
+        )
+
+
 def check_reads(members: Sequence[Member]) -> None:
     """A model reading a column of a model that declares its columns and does not write it:
     refused, naming both."""
-    outputs = {m.name: m.adapter.output_columns for m in members}
     for m in members:
         for col in m.adapter.input_columns:
-            owner, _, rest = col.partition(".")
-            known = outputs.get(owner)
-            if known is not None and rest and resolve_column(rest, known) is None:
-                raise ConfigError(
-                    f"models.{m.name}: reads {col!r}, which model {owner!r} does not write "
-                    f"(it writes {', '.join(f'{owner}.{c}' for c in known)})"
-                )
+            _refuse_unwritten(col, members, f"models.{m.name}")
 
 
 @dataclass(frozen=True)
@@ -112,15 +117,8 @@ class Rule:
 
 def check_columns(expr: Expr, members: Sequence[Member], where: str) -> None:
     """An expression over a model's column that model (declaring its columns) does not write: refused."""
-    outputs = {m.name: m.adapter.output_columns for m in members}
     for col in columns(expr):
-        owner, _, rest = col.partition(".")
-        known = outputs.get(owner)
-        if known is not None and resolve_column(rest, known) is None:
-            raise ConfigError(
-                f"{where}: reads {col!r}, which model {owner!r} does not write "
-                f"(it writes {', '.join(f'{owner}.{c}' for c in known)})"
-            )
+        _refuse_unwritten(col, members, where)
 
 
 def compile_decision(decision: DecisionConfig, members: Sequence[Member]) -> list[Rule]:
@@ -189,7 +187,6 @@ class Ensemble(Adapter):
         self.output_columns = self._outputs()
         self.pool: DecodePool | None = None
         self._figures = _Figures()
-        self._decoded = 0
 
     def _outputs(self) -> list[str] | None:
         out: list[str] = []
@@ -321,11 +318,9 @@ class Ensemble(Adapter):
 
     def take_figures(self) -> dict[str, Any]:
         figures, self._figures = self._figures, _Figures()
-        decoded = self.pool.decoded if self.pool is not None else 0
-        new, self._decoded = decoded - self._decoded, decoded
         models = {n: {"seconds": figures.seconds[n], "rows": figures.rows[n], "failed": figures.failed[n]}
                   for n in figures.seconds}  # fmt: skip
-        return {"models": models, "pictures_decoded": new}
+        return {"models": models, "pictures_decoded": self.pool.take_decoded() if self.pool is not None else 0}
 
     def close(self) -> None:
         for m in self.members:
