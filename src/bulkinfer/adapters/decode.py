@@ -168,6 +168,7 @@ class DecodePool:
         self._pool = pool(max(1, threads), "bulkinfer-decode")
         self.decoded = 0
         """Pictures decoded so far (report.json's ``pictures_decoded``)."""
+        self._told = 0
         self._count = threading.Lock()
 
     def one(self, data: bytes | str, name: str, prepare: Callable[[np.ndarray], Any]) -> Any:
@@ -203,6 +204,12 @@ class DecodePool:
                 return BadImage(f"{names[i]}: cannot prepare the picture ({type(exc).__name__}: {exc})")
 
         return list(self._pool.map(task, range(len(images))))
+
+    def take_decoded(self) -> int:
+        """Pictures decoded since the last call (what a run's figures have not counted yet)."""
+        with self._count:
+            new, self._told = self.decoded - self._told, self.decoded
+        return new
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -54,7 +54,6 @@ class ImageAdapter(Adapter):
         self.max_pixels = max_pixels
         self.max_decoded_mb = max_decoded_mb
         self.pool: DecodePool | None = None
-        self._reported = 0  # pictures decoded that take_figures has told
         self._kept = threading.local()  # rows prepared before a rejection, taken again by their bytes
 
     def setup(self, ctx: SetupContext) -> None:
@@ -107,8 +106,7 @@ class ImageAdapter(Adapter):
         return [f"row {i} of the window" for i in range(table.num_rows)]
 
     def take_figures(self) -> dict[str, Any]:
-        decoded = self.pool.decoded if self.pool is not None else 0
-        new, self._reported = decoded - self._reported, decoded
+        new = self.pool.take_decoded() if self.pool is not None else 0
         return {"pictures_decoded": new} if new else {}
 
     def close(self) -> None:
