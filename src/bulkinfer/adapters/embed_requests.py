@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..core.batching import take_spans
 from ..llm.openai_api import EMBEDDINGS, BadRequest, batch_request, dumps, embeddings_body, embeddings_inputs
 from .generate import REQUEST_COLUMNS
 from .protocol import Adapter, RowsRejected, SetupContext, to_numpy_column
@@ -75,13 +76,8 @@ class EmbeddingRequests(Adapter):
         return features.tokens
 
     def select(self, features: _Requests, indices: np.ndarray) -> _Requests:
-        flat = [i for r in indices for i in range(*features.spans[r])]
-        spans, start = [], 0
-        for r in indices:
-            a, b = features.spans[r]
-            spans.append((start, start + b - a))
-            start += b - a
-        texts = self.inner.select(features.texts, np.asarray(flat, dtype=np.int64))
+        rows, spans = take_spans(features.spans, indices)
+        texts = self.inner.select(features.texts, rows)
         picked = [features.encodings[i] for i in indices], [features.tokens[i] for i in indices]
         return _Requests(texts, spans, *picked)
 

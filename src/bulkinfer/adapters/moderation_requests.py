@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..config import JobConfig
 from ..config.moderation import ModerationConfig
+from ..core.batching import take_spans
 from ..core.errors import ConfigError
 from ..core.expr import columns, parse
 from ..llm.moderation import moderation_body, moderation_rows
@@ -114,13 +115,7 @@ class ModerationRequests(Adapter):
         return _Requests(table, features, spans)
 
     def select(self, features: _Requests, indices: np.ndarray) -> _Requests:
-        flat = [i for r in indices for i in range(*features.spans[r])]
-        spans, start = [], 0
-        for r in indices:
-            a, b = features.spans[r]
-            spans.append((start, start + b - a))
-            start += b - a
-        rows = np.asarray(flat, dtype=np.int64)
+        rows, spans = take_spans(features.spans, indices)
         return _Requests(features.table.take(pa.array(rows)), self.inner.select(features.features, rows), spans)
 
     def predict(self, batch: _Requests) -> Mapping[str, Any]:

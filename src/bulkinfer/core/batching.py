@@ -140,3 +140,15 @@ def bisect_call(
                 stack.append(part[mid:])
                 stack.append(part[:mid])
     return done, failed
+
+
+def take_spans(spans: Sequence[tuple[int, int]], indices: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Requests ``indices`` of requests that each own a span of rows: the rows they own, in order,
+    and each one's span among those rows (a batch file's request of several inputs)."""
+    flat = [i for r in indices for i in range(*spans[r])]
+    taken, start = [], 0
+    for r in indices:
+        a, b = spans[r]
+        taken.append((start, start + b - a))
+        start += b - a
+    return np.asarray(flat, dtype=np.int64), taken
