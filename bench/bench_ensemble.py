@@ -23,25 +23,10 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 WORK = HERE / "_work" / "ensemble"
 
-CLASSIFIER = '''
-from bulkinfer.adapters import Adapter
-
-WORDS = ("hate", "kill", "spam")
-
-
-class Toxic(Adapter):
-    output_columns = ("toxic",)
-
-    def predict(self, batch):
-        texts = batch.column(0).to_pylist()
-        return {"toxic": [min(1.0, sum(t.lower().count(w) for w in WORDS) / 2) for t in texts]}
-'''
-
-
 def make_inputs(photos: int, pages: int) -> Path:
     from bench_images import make_photos
 
-    from pictures import text_page
+    from pictures import TOXIC_CLASSIFIER, text_page
 
     folder = WORK / f"pics-{photos}-{pages}"
     if not folder.exists():
@@ -52,7 +37,7 @@ def make_inputs(photos: int, pages: int) -> Path:
             text_page([f"page {i}: I hate spam" if i % 3 == 0 else f"page {i}: a calm day", "second line"]).save(
                 folder / f"page-{i:04d}.png"
             )
-    (WORK / "bench_toxic.py").write_text(CLASSIFIER)
+    (WORK / "bench_toxic.py").write_text(TOXIC_CLASSIFIER)
     return folder
 
 

@@ -259,3 +259,14 @@ def chromium() -> str:
     if path is None:  # make test installs it (tools/system_deps.sh): a missing browser is a failure, not a skip
         pytest.fail("chromium is missing: run make test (tools/system_deps.sh installs Debian's chromium)")
     return path
+
+
+def crash_then_rerun(cwd: Path, point: str, env: dict[str, str] | None = None) -> None:
+    """``bulkinfer run job.toml`` SIGKILLed by itself at ``point`` (BULKINFER_CRASH_AT), then run
+    again to the end; each must end as said (the kill landed, the rerun finished)."""
+    env = {**os.environ, **(env or {})}
+    args = [*BULKINFER, "run", "job.toml", "--progress", "none"]
+    proc = subprocess.run(args, cwd=cwd, env={**env, "BULKINFER_CRASH_AT": point}, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -8,6 +8,21 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+TOXIC_CLASSIFIER = '''
+from bulkinfer.adapters import Adapter
+
+WORDS = ("hate", "kill", "spam")
+
+
+class Toxic(Adapter):
+    output_columns = ("toxic",)
+
+    def predict(self, batch):
+        texts = batch.column(0).to_pylist()
+        return {"toxic": [min(1.0, sum(t.lower().count(w) for w in WORDS) / 2) for t in texts]}
+'''
+"""A text classifier over OCR text (module source): the picture ensemble's test and bench write it."""
+
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "hubble_deep_field", "immunohistochemistry")
 

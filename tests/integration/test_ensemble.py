@@ -5,9 +5,6 @@ one place across a SIGKILL."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
@@ -15,7 +12,7 @@ import pytest
 from bulkinfer import BulkinferError, load_config, run_job
 
 from ensemble_job import BLOCK, BOOM, PUBLISH, REVIEW, N, job
-from helpers import BULKINFER, read_output
+from helpers import crash_then_rerun, read_output
 
 
 def folder(path) -> pa.Table:
@@ -53,13 +50,7 @@ def test_models_read_each_other_fail_alone_and_the_decision_routes_each_row_once
 
 def test_a_killed_decision_job_routes_every_row_once_after_the_rerun(tmp_path, monkeypatch):
     job(tmp_path, monkeypatch)
-    env = {**os.environ, "BULKINFER_CRASH_AT": "exported:2", "PYTHONPATH": str(tmp_path)}
-    args = [*BULKINFER, "run", "job.toml", "--progress", "none"]
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == -9, proc.stderr
-    env.pop("BULKINFER_CRASH_AT")
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    crash_then_rerun(tmp_path, "exported:2", {"PYTHONPATH": str(tmp_path)})
     check_each_row_once(tmp_path)
 
 

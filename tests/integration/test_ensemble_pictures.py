@@ -12,23 +12,9 @@ import pytest
 from bulkinfer import ConfigError, load_config, run_job
 
 from helpers import fresh_module, read_output
-from pictures import text_page, write_photos
+from pictures import TOXIC_CLASSIFIER, text_page, write_photos
 
 pytest.importorskip("nudenet", reason="the picture models come with bulkinfer[images]")
-
-CLASSIFIER = '''
-from bulkinfer.adapters import Adapter
-
-WORDS = ("hate", "kill", "spam")
-
-
-class Toxic(Adapter):
-    output_columns = ("toxic",)
-
-    def predict(self, batch):
-        texts = batch.column(0).to_pylist()
-        return {"toxic": [min(1.0, sum(t.lower().count(w) for w in WORDS) / 2) for t in texts]}
-'''
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ensembles.md"
 EXAMPLE = re.compile(r"<!-- ensemble-example -->\n```toml\n(.*?)```", re.S)
@@ -36,7 +22,7 @@ PAGES = {"page-0.png": ["hello world"], "page-1.png": ["I hate spam", "kill it"]
 
 
 def test_three_models_decode_each_picture_once_and_write_every_models_columns(tmp_path, monkeypatch):
-    module = fresh_module(tmp_path, monkeypatch, "toxic_text", CLASSIFIER)
+    module = fresh_module(tmp_path, monkeypatch, "toxic_text", TOXIC_CLASSIFIER)
     photos = write_photos(tmp_path / "pics", 4, scale=0.5)
     for name, lines in PAGES.items():
         text_page(lines).save(tmp_path / "pics" / name)

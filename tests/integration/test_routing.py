@@ -5,7 +5,6 @@ output; each row in exactly one place, however often the job is killed."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from bulkinfer import ConfigError, load_config, run_job
 
-from helpers import BULKINFER, read_output, write
+from helpers import BULKINFER, crash_then_rerun, read_output, write
 
 MODEL = """
 import numpy as np
@@ -106,13 +105,7 @@ def test_each_row_lands_in_exactly_one_route(tmp_path, moderation, redis_server,
 
 @pytest.mark.parametrize("point", ["exported:2", "part-renamed:3"])
 def test_a_killed_job_routes_every_row_once_after_the_rerun(tmp_path, moderation, redis_server, postgres_server, point):
-    env = {**os.environ, "BULKINFER_CRASH_AT": point}
-    args = [*BULKINFER, "run", "job.toml", "--progress", "none"]
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == -9, proc.stderr
-    env.pop("BULKINFER_CRASH_AT")
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    crash_then_rerun(tmp_path, point)
     check_every_row_once(tmp_path, redis_server, postgres_server, moderation)
 
 
