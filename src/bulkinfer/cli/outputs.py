@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.errors import BulkinferError
+from ..core.errors import BulkinferError, CheckFailed, ConfigError
 from .common import (
     QuietOption,
     fail,
@@ -137,7 +137,7 @@ def index(
 
 def compare(
     old: Annotated[str, typer.Argument(help="The output in production (a finished folder or s3://...).")],
-    new: Annotated[str, typer.Argument(help="The candidate output, over the same ids.")],
+    new: Annotated[str | None, typer.Argument(help="The candidate output, over the same ids.")] = None,
     id_column: Annotated[str | None, typer.Option("--id", help="Join column (default: the runs' id column).")] = None,
     column: Annotated[list[str] | None, typer.Option(help="Only these output columns; comma-separated.")] = None,
     sample: Annotated[int | None, typer.Option(help="About N ids, drawn by hash across the whole output.")] = None,
@@ -148,15 +148,25 @@ def compare(
         typer.Option(help='Exit 1 when this holds, e.g. "cosine.p5 < 0.95 or topk_overlap < 0.8" (see --json).'),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
+    reviews: Annotated[
+        str | None,
+        typer.Option(help="Instead of NEW: the route whose review decisions judge OLD's rule (precision, recall)."),
+    ] = None,
     quiet: QuietOption = False,
 ) -> None:
-    """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI); gate a rollout."""
+    """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI), or an
+    output's routing rule with its reviewers' decisions (--reviews); gate a rollout."""
     prepare(quiet)
-    from ..core.errors import CheckFailed
     from ..outputs.compare import CompareSpec, compare_outputs, gate, summary_lines
 
     spec = CompareSpec(id_column, tuple(split_list(column) or ()), sample, k, queries)
     try:
+        if (new is None) == (reviews is None):
+            raise ConfigError("compare: give a candidate output NEW, or --reviews ROUTE, not both")
+        if reviews is not None:
+            _compare_reviews(old, reviews, fail_if, as_json)
+            return
+        assert new is not None
         result = compare_outputs(old, new, spec)
         failed, read = gate(fail_if, result["figures"]) if fail_if else (False, {})
     except BulkinferError as exc:
@@ -164,9 +174,29 @@ def compare(
     if fail_if:
         result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
     typer.echo(json.dumps(result, indent=1) if as_json else "\n".join(summary_lines(result)))
+    _gate_verdict(fail_if, failed, read, f"keep {old} in production", as_json)
+
+
+def _compare_reviews(out: str, route: str, fail_if: str | None, as_json: bool) -> None:
+    """``compare OUT --reviews ROUTE``: the rule against its reviewers, gated by ``fail_if``."""
+    from ..outputs.compare import gate
+    from ..outputs.review_rows import gate_figures, reviewed
+
+    result = reviewed(out, route)
+    figures = gate_figures(result)
+    failed, read = gate(fail_if, figures) if fail_if else (False, {})
+    result["figures"] = figures
+    if fail_if:
+        result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
+    _print_review(result, as_json)
+    _gate_verdict(fail_if, failed, read, "the rule needs work before it runs unreviewed", as_json)
+
+
+def _gate_verdict(fail_if: str | None, failed: bool, read: dict[str, Any], advice: str, as_json: bool) -> None:
+    """Exit 1 (CheckFailed) when the gate's condition held, naming the figures it read."""
     if failed:
         shown = ", ".join(f"{n} = {'not measured' if v is None else round(v, 6)}" for n, v in read.items())
-        raise fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); keep {old} in production"))
+        raise fail(CheckFailed(f"compare: {fail_if!r} holds ({shown}); {advice}"))
     if fail_if and not as_json:
         typer.echo(f"gate passed: {fail_if!r} does not hold")
 
@@ -234,9 +264,15 @@ def review(
     ] = None,
     lease_s: Annotated[float, typer.Option(help="Seconds a reviewer holds a row before another may take it.")] = 300,
     decisions_dsn: Annotated[
-        str | None, typer.Option(help="PostgreSQL DSN: each decision also goes to a table there, once.")
+        str | None,
+        typer.Option(help="postgresql://... or redis://...: each decision also goes to a table or hash there, once."),
     ] = None,
-    decisions_table: Annotated[str, typer.Option(help="With --decisions-dsn: the table.")] = "review_decisions",
+    decisions_table: Annotated[
+        str, typer.Option(help="With --decisions-dsn: the PostgreSQL table, or the Redis hash's name before the queue.")
+    ] = "review_decisions",
+    audit: Annotated[
+        int, typer.Option(help="Also review this many rows the job published (a fixed sample): the rule's recall.")
+    ] = 0,
     summary: Annotated[
         bool, typer.Option("--summary", help="Print each rule's rows, approvals, rejections and precision; exit.")
     ] = False,
@@ -247,14 +283,17 @@ def review(
     model's scores and the rule that sent it; approve (a) or reject (r), with a note. Each
     decision is written once (<queue>/_review/decisions.parquet), a row held by one reviewer at a time."""
     prepare(quiet)
-    from ..serve import review_queue, serve_review
+    from ..outputs.review_rows import reviewed
+    from ..serve import serve_review
 
     try:
+        if audit < 0:
+            raise ConfigError(f"--audit {audit}: a number of published rows, 0 or more")
         if summary:
-            _print_review(review_queue(output, route).summary(), as_json)
+            _print_review(reviewed(output, route), as_json)
             return
         mirror = (decisions_dsn, decisions_table) if decisions_dsn else None
-        serve_review(output, route, host, port, api_keys_file, lease_s, mirror)
+        serve_review(output, route, host, port, api_keys_file, lease_s, mirror, audit)
     except BulkinferError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:
@@ -270,3 +309,8 @@ def _print_review(figures: dict[str, Any], as_json: bool) -> None:
         precision = "-" if f["precision"] is None else f"{f['precision']:.2f}"
         counts = f"{f['rejected']} rejected  {f['approved']} approved  {f['pending']} pending"
         typer.echo(f"  {f['rows']:>6} rows  {counts}  precision {precision}  {rule}")
+    a = figures["audit"]
+    typer.echo(f"  audit: {a['rejected']} rejected  {a['approved']} approved of {figures['published']} published rows")
+    shown = {k: "-" if figures[k] is None else f"{figures[k]:.2f}" for k in ("precision", "miss_rate", "recall")}
+    typer.echo(f"rule: precision {shown['precision']}  recall {shown['recall']}  miss rate {shown['miss_rate']}"
+               + ("" if figures["recall"] is not None else "  (recall: review --audit N published rows)"))  # fmt: skip

@@ -10,6 +10,7 @@ over the old), so ``bulkinfer compare`` and any Parquet reader see the decisions
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from ..finished.read import private_json
 
 log = logging.getLogger("bulkinfer")
 
-__all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "queue_folder", "sent_by"]
+__all__ = ["DECISIONS", "VERDICTS", "Conflict", "ReviewStore", "decisions_mirror", "queue_folder", "sent_by"]
 
 VERDICTS = ("approve", "reject")
 """approve: the row may be published (the rule sent it for nothing); reject: it may not."""
@@ -124,17 +125,66 @@ class PostgresDecisions:
         with self.conn.cursor() as cur:
             cur.executemany(f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", rows)
 
+    def errors(self) -> tuple[type[Exception], ...]:
+        import psycopg
+
+        return (psycopg.Error,)
+
     def close(self) -> None:
         self.conn.close()
 
 
+class RedisDecisions:
+    """The decisions also in a Redis hash (``<key>:<queue>``, a field per row id holding the
+    decision as JSON), each written once (``HSETNX``): sent again at start and after a failed
+    write, never doubled, as :class:`PostgresDecisions`."""
+
+    def __init__(self, url: str, key: str, queue: str) -> None:
+        import redis
+
+        self.key = f"{key}:{queue}"
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            self.client.ping()
+        except redis.RedisError as exc:
+            raise ConfigError(f"--decisions-dsn: cannot use Redis ({' '.join(str(exc).split())[:200]})") from None
+
+    def put(self, decisions: list[Decision]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for d in decisions:
+            pipe.hsetnx(self.key, d.id, json.dumps({k: v for k, v in d.__dict__.items() if k != "id"}))
+        pipe.execute()
+
+    def errors(self) -> tuple[type[Exception], ...]:
+        import redis
+
+        return (redis.RedisError,)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+Mirror = PostgresDecisions | RedisDecisions
+
+
+def decisions_mirror(dsn: str, table: str, queue: str) -> Mirror:
+    """Where decisions also go: a PostgreSQL table (``postgresql://``) or a Redis hash
+    (``redis://``, ``rediss://``; ``table`` names the hash before the queue's folder)."""
+    scheme = dsn.split("://", 1)[0].lower()
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisDecisions(dsn, table, queue)
+    if scheme in ("postgresql", "postgres"):
+        return PostgresDecisions(dsn, table, queue)
+    raise ConfigError(f"--decisions-dsn: {scheme}:// is neither PostgreSQL (postgresql://) nor Redis (redis://)")
+
+
 class ReviewStore:
     """The decisions and leases of one queue (see the module); ``ids``: the queue's rows in order;
-    ``mirror``: a PostgreSQL table the decisions are also written to."""
+    ``mirror``: a PostgreSQL table or Redis hash the decisions are also written to."""
 
     def __init__(
         self, folder: Path, ids: list[str], lease_s: float, clock: Callable[[], float] = time.time,
-        mirror: PostgresDecisions | None = None,
+        mirror: Mirror | None = None,
     ) -> None:  # fmt: skip
         self.folder, self.ids, self.lease_s, self.clock, self.mirror = folder, ids, lease_s, clock, mirror
         self._known = set(ids)
@@ -187,15 +237,13 @@ class ReviewStore:
         """The decisions to the mirror: all of them after a failure (or at start), else ``rows``."""
         if self.mirror is None:
             return
-        import psycopg
-
         try:
             self.mirror.put(rows if not self._unsent else [Decision(*r) for r in self._all()])
             self._unsent = False
-        except psycopg.Error as exc:
+        except self.mirror.errors() as exc:
             self._unsent = True
-            log.warning("review decisions: PostgreSQL write failed (%s); sent again with the next decision",
-                        " ".join(str(exc).split())[:200])  # fmt: skip
+            log.warning("review decisions: the %s write failed (%s); sent again with the next decision",
+                        type(self.mirror).__name__, " ".join(str(exc).split())[:200])  # fmt: skip
 
     def decisions(self) -> dict[str, Decision]:
         with self._lock:

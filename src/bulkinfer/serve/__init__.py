@@ -69,20 +69,25 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str, int]:
     return sock, got_host, got_port
 
 
-def review_queue(out: str, route: str, lease_s: float = 300, decisions: tuple[str, str] | None = None) -> Any:
-    """The review queue of ``out``'s route ``route`` (:class:`.review.ReviewQueue`); ``decisions``:
-    a PostgreSQL DSN and table the decisions are also written to."""
-    from ..outputs.review import PostgresDecisions, queue_folder
+def review_queue(
+    out: str, route: str, lease_s: float = 300, decisions: tuple[str, str] | None = None, audit: int = 0
+) -> Any:
+    """The review queue of ``out``'s route ``route`` (:class:`.review.ReviewQueue`) with ``audit``
+    of the published rows; ``decisions``: a PostgreSQL DSN or Redis URL and the table or hash
+    the decisions are also written to."""
+    from ..outputs.review import decisions_mirror, queue_folder
+    from ..outputs.review_rows import queue_rows
     from .review import ReviewQueue
 
     folder, config = queue_folder(out, route)
-    mirror = PostgresDecisions(*decisions, str(folder.resolve())) if decisions else None
-    return ReviewQueue(folder, config, route, lease_s, mirror)
+    rows = queue_rows(out, folder, config, audit)
+    mirror = decisions_mirror(*decisions, str(folder.resolve())) if decisions else None
+    return ReviewQueue(rows, folder, config, route, lease_s, mirror)
 
 
 def serve_review(
     out: str, route: str, host: str, port: int, api_keys_file: str | None, lease_s: float,
-    decisions: tuple[str, str] | None = None,
+    decisions: tuple[str, str] | None = None, audit: int = 0,
 ) -> None:  # fmt: skip
     """The review page of ``out``'s route ``route`` until interrupted (see :mod:`.review`)."""
     import uvicorn
@@ -90,7 +95,7 @@ def serve_review(
     from .auth import KeyRing
     from .review import review_app
 
-    queue = review_queue(out, route, lease_s, decisions)
+    queue = review_queue(out, route, lease_s, decisions, audit)
     folder = queue.store.folder
     sock, host, port = _listen(host, port)
     decided = len(queue.store.decisions())

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from ..core.errors import ConfigError
-from ..outputs.review import Conflict, PostgresDecisions, ReviewStore, sent_by
+from ..outputs.review import Conflict, Mirror, ReviewStore, sent_by
+from ..outputs.review_rows import AUDIT_RULE, QueueRows
 from .auth import KeyRing
 from .validation import ApiError, JSONResponse
 
@@ -33,23 +33,20 @@ _BIG = 200
 
 
 class ReviewQueue:
-    """The rows under review, their decisions and how each is shown."""
+    """The rows under review (:class:`~bulkinfer.outputs.review_rows.QueueRows`), their
+    decisions and how each is shown."""
 
     def __init__(
-        self, folder: Path, config: dict[str, Any], route: str, lease_s: float, mirror: PostgresDecisions | None = None
-    ) -> None:
-        import pyarrow.dataset as pads
-
-        self.table = pads.dataset(folder, format="parquet").to_table()
-        id_column = (config.get("source") or {}).get("id_column") or "id"
-        if id_column not in self.table.column_names:
-            raise ConfigError(f"{folder}: the review rows have no id column {id_column!r}; the job needs an id column")
-        self.ids = [str(v) for v in self.table.column(id_column).to_pylist()]
-        if len(set(self.ids)) != len(self.ids):
-            raise ConfigError(f"{folder}: an id appears twice among the review rows; a decision names one row")
-        self.id_column, self.config, self.route = id_column, config, route
+        self, rows: QueueRows, folder: Path, config: dict[str, Any], route: str, lease_s: float,
+        mirror: Mirror | None = None,
+    ) -> None:  # fmt: skip
+        self.rows, self.table, self.ids, self.id_column = rows, rows.table, rows.ids, rows.id_column
+        self.config, self.route = config, route
         self.store = ReviewStore(folder, self.ids, lease_s, mirror=mirror)
-        self._at = {i: n for n, i in enumerate(self.ids)}
+        self._at = {str(v): n for n, v in enumerate(self.table.column(self.id_column).to_pylist())}
+
+    def __contains__(self, row_id: object) -> bool:
+        return row_id in self._at
 
     def listing(self) -> list[dict[str, Any]]:
         decided, held = self.store.decisions(), self.store.holders()
@@ -65,7 +62,7 @@ class ReviewQueue:
         one = self.table.slice(self._at[row_id], 1)
         values = one.to_pylist()[0]
         decision = self._decision(row_id)
-        rule = sent_by(self.config, self.route, one)
+        rule = AUDIT_RULE if row_id in self.rows.audited else sent_by(self.config, self.route, one)
         shown = {k: _shown(v) for k, v in values.items() if k not in ("image", self.id_column, "_input_hash")}
         return {"id": row_id, "decision": decision, "rule": rule, "columns": shown,
                 "picture": self.picture(row_id) is not None}  # fmt: skip
@@ -85,23 +82,6 @@ class ReviewQueue:
             except OSError:
                 return None
         return None
-
-    def summary(self) -> dict[str, Any]:
-        """Each rule's rows and what reviewers said of them: its precision is the share of its
-        reviewed rows they rejected (the rule was right to hold them back)."""
-        decided = self.store.decisions()
-        rules: dict[str, dict[str, Any]] = {}
-        for row_id in self.ids:
-            rule = sent_by(self.config, self.route, self.table.slice(self._at[row_id], 1))
-            figures = rules.setdefault(rule, {"rows": 0, "approved": 0, "rejected": 0})
-            figures["rows"] += 1
-            if row_id in decided:
-                figures["approved" if decided[row_id].verdict == "approve" else "rejected"] += 1
-        for figures in rules.values():
-            reviewed = figures["approved"] + figures["rejected"]
-            figures["pending"] = figures["rows"] - reviewed
-            figures["precision"] = round(figures["rejected"] / reviewed, 4) if reviewed else None
-        return {"rows": len(self.ids), "decided": len(decided), "rules": rules}
 
     def _decision(self, row_id: str) -> str | None:
         if "decision" not in self.table.column_names:
@@ -150,14 +130,14 @@ class _Routes:
     async def one(self, request: Request) -> Response:
         self.reviewer(request)
         row_id = request.path_params["id"]
-        if row_id not in self.queue.ids:
+        if row_id not in self.queue:
             raise ApiError(404, f"row {row_id!r} is not in this review queue", "not_found")
         return JSONResponse(self.queue.row(row_id))
 
     async def picture(self, request: Request) -> Response:
         self.reviewer(request)
         row_id = request.path_params["id"]
-        data = self.queue.picture(row_id) if row_id in self.queue.ids else None
+        data = self.queue.picture(row_id) if row_id in self.queue else None
         if data is None:
             raise ApiError(404, "this row has no picture", "not_found")
         return Response(data, media_type="application/octet-stream")
