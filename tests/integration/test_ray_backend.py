@@ -12,11 +12,10 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import load_config, run_job
+from bulkinfer import run_job
 from bulkinfer.adapters import build_adapter, resolve_model
 from bulkinfer.commit.committer import Committer
 from bulkinfer.commit.ledger import Ledger
@@ -25,7 +24,7 @@ from bulkinfer.report import RunStats
 from bulkinfer.sinks import make_sink
 from bulkinfer.sources import list_inputs, plan_shards
 
-from ensemble_job import BOOM, N, job
+from ensemble_job import check_on_a_cluster
 from helpers import cli, fresh_module, job_config, make_catalog, read_output, tabular_table, train_classifier, write
 
 ADAPTERS = textwrap.dedent("""
@@ -541,20 +540,4 @@ def test_pictures_on_ray_equal_local(tmp_path, local_ray):
 def test_several_models_on_ray_equal_local_with_each_models_figures(tmp_path, local_ray, monkeypatch):
     """[models] on Ray: the workers run the models in their order, the failures stay per model,
     the routes act on the decision, and each model's figures reach the driver's report."""
-    job(tmp_path, monkeypatch)
-    local = run_job(load_config(tmp_path / "job.toml"))
-    on_ray = run_job(load_config(tmp_path / "job.toml", overrides={
-        "execution.backend": "ray", "sink.path": "ray-out", "route": [
-            {"name": "review", "when": "decision == 'review'", "export": [{"kind": "folder", "path": "ray-review"}]},
-            {"name": "block", "when": "decision == 'block'", "export": [{"kind": "folder", "path": "ray-blocked"}]},
-        ]}))  # fmt: skip
-
-    def every_row(*folders):
-        tables = [pads.dataset(tmp_path / f, format="parquet").to_table().drop_columns(["_input_hash"]) for f in folders]
-        return pa.concat_tables(tables).sort_by("id")
-
-    assert every_row("ray-out", "ray-review", "ray-blocked").equals(every_row("out", "review", "blocked"))
-    assert on_ray.report["routes"] == local.report["routes"]
-    assert {n: (m["rows"], m["failed"]) for n, m in on_ray.report["models"].items()} == {
-        "scorer": (N, 0), "words": (N, len(BOOM)), "longest": (N - len(BOOM), 0)
-    }  # fmt: skip
+    check_on_a_cluster(tmp_path, monkeypatch, "ray")

@@ -15,6 +15,7 @@ import pytest
 
 from bulkinfer import ConfigError, run_job
 
+from ensemble_job import check_on_a_cluster
 from helpers import fresh_module, job_config, make_catalog, read_output, tabular_table, train_classifier, write
 
 MODELS = textwrap.dedent("""
@@ -196,3 +197,9 @@ def test_video_frames_on_spark_equal_local(tmp_path, spark):
     ]
     assert len(ours) == 14
     assert (tmp_path / "spark" / "_videos.parquet").exists()
+
+
+def test_several_models_on_spark_equal_local_with_each_models_figures(tmp_path, spark, monkeypatch):
+    """[models] on Spark: each task runs the models in their order, the failures stay per model,
+    the routes act on the decision, and each model's figures reach the driver's report."""
+    check_on_a_cluster(tmp_path, monkeypatch, "spark")

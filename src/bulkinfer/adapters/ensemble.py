@@ -185,6 +185,8 @@ class Ensemble(Adapter):
         hints = [m.adapter.window_rows for m in self.members if m.adapter.window_rows]
         self.window_rows = min(hints) if hints else None
         self.output_columns = self._outputs()
+        columns = {m.adapter.picture_column for m in self.members if m.adapter.picture_column}
+        self.picture_column = columns.pop() if len(columns) == 1 else None
         self.pool: DecodePool | None = None
         self._figures = _Figures()
 

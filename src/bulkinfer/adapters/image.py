@@ -47,7 +47,7 @@ class ImageAdapter(Adapter):
         max_decoded_mb: int = DEFAULT_BUDGET_MB,
         decode: str = "exact",
     ) -> None:
-        self.image_column = image_column
+        self.image_column = self.picture_column = image_column
         self.decode = decode
         self.id_column = id_column
         self.input_columns = [image_column]

@@ -73,6 +73,9 @@ class Adapter:
     #: The output columns ``postprocess`` writes, where the adapter knows them before a row
     #: runs (a rule or another model reading a column is then checked at start); None: unknown.
     output_columns: Sequence[str] | None = None
+    #: The input column holding each row's picture (its bytes or path) where the adapter decodes
+    #: pictures: online, a request then sends them as an upload or base64; None: no pictures.
+    picture_column: str | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         """Load the model. Called once per worker before any batch."""
