@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -204,8 +205,11 @@ def race(n: int, attempt) -> list[object]:
 class Server:
     """``bulkinfer serve`` (or ``command``: ``review``) as a process on a free port; ``url`` once it listens."""
 
-    def __init__(self, args: list[str], cwd: Path, wait_ready: bool = True, command: str = "serve") -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    def __init__(
+        self, args: list[str], cwd: Path, wait_ready: bool = True, command: str = "serve",
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         cmd = [sys.executable, "-m", "bulkinfer", command, "--port", "0", *args]
         self.proc = subprocess.Popen(
             cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
@@ -214,7 +218,7 @@ class Server:
         for line in self.proc.stderr:
             match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
             if match:
-                self.url = match.group(1)
+                self.url, self.start_line = match.group(1), line
                 break
         else:
             raise AssertionError(f"server did not start: {self.proc.wait()}")
@@ -238,7 +242,11 @@ class Server:
 
 def openai_schema_errors(name: str, body: object) -> list[str]:
     """Where ``body`` breaks OpenAI's published schema ``name`` (tests/specs/openai.json, taken
-    from OpenAI's OpenAPI spec by tools/openai_schemas.py); [] when it validates."""
+    from OpenAI's OpenAPI spec by tools/openai_schemas.py); [] when it validates. OpenAI answers
+    null for an unset field where its schema has no null: such a null counts as absent (a
+    required field that is null still fails, as missing)."""
+    import copy
+
     from jsonschema import Draft202012Validator
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT202012
@@ -246,7 +254,20 @@ def openai_schema_errors(name: str, body: object) -> list[str]:
     spec = json.loads((Path(__file__).parent / "specs" / "openai.json").read_text())
     registry = Registry().with_resource("urn:openai", Resource.from_contents(spec, default_specification=DRAFT202012))
     validator = Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=registry)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(body)]
+    body = copy.deepcopy(body)
+    while True:
+        errors = list(validator.iter_errors(body))
+        nulls = [list(e.absolute_path) for e in errors if e.instance is None and e.absolute_path]
+        if not nulls:
+            return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+        for path in nulls:
+            parent: Any = body
+            for step in path[:-1]:
+                parent = parent[step]
+            if isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:  # a null in a list is not an unset field
+                return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
 
 
 ARTIFACTS = Path(os.environ.get("BULKINFER_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))

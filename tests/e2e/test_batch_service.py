@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -20,10 +21,10 @@ from typing import ClassVar
 import httpx
 import numpy as np
 import pytest
-from openai import BadRequestError, NotFoundError, OpenAI
+from openai import APIConnectionError, BadRequestError, NotFoundError, OpenAI
 from standardwebhooks import Webhook
 
-from helpers import Server, cli, make_catalog, read_output, write
+from helpers import Server, cli, make_catalog, openai_schema_errors, read_output, write
 from tiny_lm import WORDS
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
@@ -48,10 +49,12 @@ def requests_file(path: Path, n: int, seed: int = 0, bad: bool = True) -> set[st
     return {f"r{i}" for i in range(n)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def unlistened_port() -> socket.socket:
+    """A loopback port bound and held, never listened on: a connection to it is refused, and no
+    other process can take it while the test runs (a port picked free and bound later can)."""
+    hold = socket.socket()
+    hold.bind(("127.0.0.1", 0))
+    return hold
 
 
 def client(server: Server, key: str = ALICE) -> OpenAI:
@@ -87,15 +90,18 @@ def answered_ids(c: OpenAI, b) -> Counter:
 def service(tmp_path_factory):
     d = tmp_path_factory.mktemp("batches")
     (d / "keys.txt").write_text(f"{ALICE} id=alice\n{BOB} id=bob file_bytes=1000\n")
-    port = free_port()  # the webhook receiver: nothing listens there until a test starts it
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver, bind_and_activate=False)
+    receiver.server_bind()  # the receiver's port, held: nothing listens there until a test activates it
+    port = receiver.server_address[1]
     server = Server(
         ["-m", "minilm", "--batches", "state", "--set", "serve.api_keys_file='keys.txt'",
          "--set", "serve.batch_shard_rows=40", "--set", "serve.audit_log='audit.log'",
          "--set", f"serve.webhook_url='http://127.0.0.1:{port}/hook'", "--set", f"serve.webhook_secret='{SECRET}'"],
         d,
     )  # fmt: skip
-    yield server, d, port
+    yield server, d, receiver
     server.stop()
+    receiver.server_close()
 
 
 def test_a_batch_answers_every_request_as_bulkinfer_run_does(service):
@@ -117,7 +123,7 @@ def test_a_batch_answers_every_request_as_bulkinfer_run_does(service):
     assert [order.index(s) for s in statuses] == sorted(order.index(s) for s in statuses)
 
     out, errors = lines(c, b.output_file_id), lines(c, b.error_file_id)
-    assert {x["custom_id"] for x in out} == good and len(out) == 200
+    assert [x["custom_id"] for x in out] == [f"r{i}" for i in range(200)]  # every answer once, in the input's order
     assert sorted((str(e["custom_id"]), (e["response"] or {}).get("status_code") or 0, (e["error"] or {}).get("code"))
                   for e in errors) == [("None", 0, "invalid_request_line"), ("other-model", 400, None)]  # fmt: skip
     # the same file through bulkinfer run: the same answers
@@ -136,6 +142,86 @@ def test_a_batch_answers_every_request_as_bulkinfer_run_does(service):
     files = c.files.list()
     assert {f.id for f in files} >= {b.input_file_id, b.output_file_id, b.error_file_id}
     assert c.files.retrieve(b.output_file_id).purpose == "batch_output"
+
+
+def test_every_object_served_validates_against_openais_schemas(service):
+    """Files, batches (at every status seen, failed and cancelled too), lists, deletions, errors,
+    models and the answers in an output file, each as OpenAI's published schema says."""
+    server, d, _ = service
+    requests_file(d / "spec.jsonl", 5)
+    key = {"Authorization": f"Bearer {ALICE}"}
+
+    def get(path: str, schema: str) -> dict:
+        r = httpx.get(f"{server.url}{path}", headers=key, timeout=30)
+        assert openai_schema_errors(schema, r.json()) == [], (path, r.text)
+        return r.json()
+
+    def post(path: str, schema: str, **kw: object) -> dict:
+        r = httpx.post(f"{server.url}{path}", headers=key, timeout=30, **kw)
+        assert openai_schema_errors(schema, r.json()) == [], (path, r.text)
+        return r.json()
+
+    upload = post("/v1/files", "OpenAIFile", files={"file": ("spec.jsonl", (d / "spec.jsonl").read_bytes())},
+                  data={"purpose": "batch"})  # fmt: skip
+    assert get(f"/v1/files/{upload['id']}", "OpenAIFile")["id"] == upload["id"]
+    body = {"input_file_id": upload["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    batch = post("/v1/batches", "Batch", json=body)
+    seen = {batch["status"]}
+    while batch["status"] not in TERMINAL:
+        batch = get(f"/v1/batches/{batch['id']}", "Batch")
+        seen.add(batch["status"])
+    assert batch["status"] == "completed" and {"validating", "completed"} <= seen
+    answers = httpx.get(f"{server.url}/v1/files/{batch['output_file_id']}/content", headers=key).text.splitlines()
+    for line in answers:
+        assert openai_schema_errors("CreateEmbeddingResponse", json.loads(line)["response"]["body"]) == []
+    cancelled = post(f"/v1/batches/{post('/v1/batches', 'Batch', json=body)['id']}/cancel", "Batch")
+    assert cancelled["status"] in ("cancelling", "cancelled")
+    (d / "empty.jsonl").write_text("")
+    empty = post("/v1/files", "OpenAIFile", files={"file": ("empty.jsonl", b"")}, data={"purpose": "batch"})
+    failed = post("/v1/batches", "Batch", json={**body, "input_file_id": empty["id"]})
+    while failed["status"] != "failed":
+        failed = get(f"/v1/batches/{failed['id']}", "Batch")
+    assert failed["errors"]["data"][0]["code"] == "empty_file"
+    assert get("/v1/batches?limit=2", "ListBatchesResponse")["has_more"] is True
+    assert get("/v1/files", "ListFilesResponse")["data"]
+    assert get("/v1/models", "ListModelsResponse")["data"][0]["id"] == "minilm"
+    r = httpx.delete(f"{server.url}/v1/files/{empty['id']}", headers=key, timeout=30)
+    assert openai_schema_errors("DeleteFileResponse", r.json()) == [] and r.json()["deleted"] is True
+    for path in ("/v1/batches/batch_nope", "/v1/files/file-nope", "/v1/nope"):
+        r = httpx.get(f"{server.url}{path}", headers=key, timeout=30)
+        assert r.status_code == 404 and openai_schema_errors("ErrorResponse", r.json()) == [], r.text
+
+
+def test_deleting_a_batchs_input_file_while_it_runs_does_not_break_it(service):
+    server, d, _ = service
+    good = requests_file(d / "deleted.jsonl", 60, seed=11, bad=False)
+    c = client(server)
+    created = submit(c, d / "deleted.jsonl")
+    assert c.files.delete(created.input_file_id).deleted  # the upload is gone: the batch runs from its own copy
+    b, _ = wait(c, created.id)
+    assert b.status == "completed" and set(_exactly_once(c, b, good)) == good
+
+
+def test_files_list_in_cursor_pages_of_any_order(service):
+    server, d, _ = service
+    c = client(server)
+    requests_file(d / "page.jsonl", 1, bad=False)
+    made = [c.files.create(file=(d / "page.jsonl").open("rb"), purpose="batch").id for _ in range(3)]
+    key = {"Authorization": f"Bearer {ALICE}"}
+
+    def listed(**params: object) -> dict:
+        r = httpx.get(f"{server.url}/v1/files", params=params, headers=key, timeout=30)
+        assert r.status_code == 200 and openai_schema_errors("ListFilesResponse", r.json()) == [], r.text
+        return r.json()
+
+    first = listed(limit=2, purpose="batch")
+    assert [f["id"] for f in first["data"]] == made[::-1][:2] and first["has_more"] is True
+    assert first["last_id"] == made[1]
+    rest = listed(limit=1, after=first["last_id"], purpose="batch")
+    assert [f["id"] for f in rest["data"]] == [made[0]]
+    oldest = listed(order="asc", purpose="batch")["data"]
+    assert [f["id"] for f in oldest if f["id"] in made] == made
+    assert httpx.get(f"{server.url}/v1/files", params={"after": "file-nope"}, headers=key).status_code == 400
 
 
 def test_batches_list_newest_first_with_cursor_pages_and_files_delete(service):
@@ -205,7 +291,8 @@ def test_a_bad_create_is_a_400_naming_the_param(service, change, param, code):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
-    assert error["code"] == (code or 400)
+    assert error["code"] == (code or "invalid_request")
+    assert openai_schema_errors("ErrorResponse", r.json()) == []
 
 
 def test_uploads_and_unknown_ids_are_refused_like_openai(service):
@@ -258,7 +345,7 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_webhook_receiver_that_is_down_at_first_still_gets_the_signed_event(service):
-    server, d, port = service
+    server, d, receiver = service
     requests_file(d / "hook.jsonl", 4, bad=False)
     c = client(server)
     b, _ = wait(c, submit(c, d / "hook.jsonl").id)  # the receiver is down: the batch completes all the same
@@ -269,19 +356,20 @@ def test_a_webhook_receiver_that_is_down_at_first_still_gets_the_signed_event(se
                   == b.id for p in pending.glob("*.json")):  # fmt: skip
         assert time.monotonic() < deadline, "no delivery was tried"
         time.sleep(0.1)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    receiver.server_activate()  # the receiver comes up on the port the events were sent to
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         deadline = time.monotonic() + 60
         while not any(json.loads(body)["data"]["id"] == b.id for _, body in _Receiver.got):
             assert time.monotonic() < deadline, "the event never arrived"
             time.sleep(0.1)
     finally:
-        httpd.shutdown()
+        receiver.shutdown()
     verifier = Webhook(SECRET)
     events = [verifier.verify(body, headers) for headers, body in _Receiver.got]
     mine = [e for e in events if e["data"]["id"] == b.id]
     assert [e["type"] for e in mine] == ["batch.completed"] and mine[0]["object"] == "event"
+    assert openai_schema_errors("WebhookBatchCompleted", mine[0]) == []
     headers, body = _Receiver.got[0]
     with pytest.raises(Exception, match="(?i)signature"):  # a body changed on the way fails verification
         verifier.verify(body.replace(b"batch", b"batcH"), headers)
@@ -344,6 +432,64 @@ def test_a_server_stopped_or_killed_mid_batch_resumes_it_answering_each_request_
         server.stop()
 
 
+CRASH_POINTS = ("batch-validating", "batch-finalizing", "batch-adopted", "batch-status-saved")
+
+
+def test_a_batch_killed_at_each_step_of_its_end_keeps_its_files_once_and_sends_its_event_once(tmp_path):
+    """One batch, its server SIGKILLed at each step in turn (checked, finishing, files adopted,
+    status saved), then a clean start: the record, the files and the event each exist once."""
+    good = requests_file(tmp_path / "small.jsonl", 30, bad=False)
+    hook = unlistened_port()  # nobody listens: the events stay queued, countable
+    args = ["-m", "minilm", "--batches", "state", "--set", "serve.audit_log='audit.log'",
+            "--set", f"serve.webhook_url='http://127.0.0.1:{hook.getsockname()[1]}/hook'",
+            "--set", f"serve.webhook_secret='{SECRET}'"]  # fmt: skip
+    state, bid, seen = tmp_path / "state", None, []
+    for point in CRASH_POINTS:
+        server = Server(args, tmp_path, env={"BULKINFER_CRASH_AT": point})
+        if bid is None:
+            with contextlib.suppress(APIConnectionError):  # the check may kill it before it answers
+                submit(client(server), tmp_path / "small.jsonl")
+            bid = next((state / "batches").glob("batch_*.json")).stem
+        assert server.proc.wait(timeout=180) == -9, point  # the kill landed
+        record = json.loads((state / "batches" / f"{bid}.json").read_text())
+        seen.append((record["status"], "_finishing" in record, record.get("_outbox")))
+        if point == "batch-finalizing":
+            chosen = record["_finishing"]["files"]["output_file_id"][0]
+        if point == "batch-adopted":
+            assert (state / "files" / f"{chosen}.json").is_file()
+    assert seen == [("validating", False, None), ("finalizing", True, None), ("finalizing", True, None),
+                    ("completed", False, ["batch.completed"])]  # fmt: skip
+    assert not _queued_events(state, bid)  # the status was saved, its event not yet sent
+    server = Server(args, tmp_path)
+    try:
+        c = client(server)
+        b, _ = wait(c, bid)
+        assert (b.status, b.output_file_id, b.error_file_id) == ("completed", chosen, None)
+        assert set(_exactly_once(c, b, good)) == good
+        deadline = time.monotonic() + 30
+        while json.loads((state / "batches" / f"{bid}.json").read_text())["_outbox"]:
+            assert time.monotonic() < deadline, "the outbox was never sent"
+            time.sleep(0.1)
+    finally:
+        server.stop()
+    assert [e["type"] for e in _queued_events(state, bid)] == ["batch.completed"]
+    audit = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert [a["event"] for a in audit if a.get("id") == bid and a.get("event") != "batch.created"] == [
+        "batch.completed"
+    ]
+    assert sorted(p.stem for p in (state / "files").glob("file-*.json")) == sorted([chosen, _input_file(state, bid)])
+    hook.close()
+
+
+def _queued_events(state: Path, bid: str) -> list[dict]:
+    events = [json.loads(p.read_text())["event"] for p in (state / "webhooks").glob("*.json")]
+    return [e for e in events if e["data"]["id"] == bid]
+
+
+def _input_file(state: Path, bid: str) -> str:
+    return str(json.loads((state / "batches" / f"{bid}.json").read_text())["input_file_id"])
+
+
 def test_cancel_mid_batch_keeps_the_answered_part_while_online_requests_are_served_first(tmp_path):
     good = requests_file(tmp_path / "big.jsonl", 2500, seed=4, bad=False)
     server = Server(["-m", "minilm", "--batches", "state", "--set", "serve.batch_shard_rows=100"], tmp_path)
@@ -353,6 +499,14 @@ def test_cancel_mid_batch_keeps_the_answered_part_while_online_requests_are_serv
         alone = np.array([c.embeddings.create(model="minilm", input=t).data[0].embedding for t in texts])
         bid = submit(c, tmp_path / "big.jsonl").id
         wait(c, bid, lambda b: b.request_counts and b.request_counts.completed >= 100)
+        # a batch waiting its turn (one runs at a time: serve.batch_concurrency = 1), cancelled: nothing of it runs
+        requests_file(tmp_path / "queued.jsonl", 20, seed=9, bad=False)
+        queued = submit(c, tmp_path / "queued.jsonl").id
+        wait(c, queued, lambda b: b.status == "in_progress")  # checked, and waiting behind the big one
+        c.batches.cancel(queued)
+        q, _ = wait(c, queued)
+        assert (q.status, q.request_counts.completed, q.output_file_id) == ("cancelled", 0, None)
+        assert c.batches.retrieve(bid).status == "in_progress"  # the running one goes on
         during = np.array([c.embeddings.create(model="minilm", input=t).data[0].embedding for t in texts])
         np.testing.assert_allclose(during, alone, atol=2e-5)  # same answers while the batch runs
         metrics = httpx.get(f"{server.url}/metrics").text

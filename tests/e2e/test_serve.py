@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from helpers import Server, cli, make_catalog, read_output, tabular_table, train_classifier, write
+from helpers import Server, cli, make_catalog, openai_schema_errors, read_output, tabular_table, train_classifier, write
 
 KEY = "test-key-0123456789"
 
@@ -132,7 +132,9 @@ def test_bad_requests_get_a_json_error_naming_the_problem(text_server, body, key
     r = _post(f"{server.url}/v1/predict", body, key=key)
     assert r.status_code == status
     error = r.json()["error"]
-    assert message in error["message"] and error["code"] == status
+    assert message in error["message"] and error["type"] == "invalid_request_error"
+    assert error["code"] == {401: "unauthorized", 413: "too_large", 422: "invalid_request"}[status]
+    assert openai_schema_errors("ErrorResponse", r.json()) == []  # code a string, as OpenAI's Error
     assert "Traceback" not in r.text
 
 
@@ -158,6 +160,12 @@ def test_results_answer_from_the_offline_run_or_live(text_server):
     assert live.json()["row"]["id"] == 4000
     direct = _post(f"{server.url}/v1/embeddings", {"model": "minilm", "input": "red shoes", "encoding_format": "float"})
     assert np.allclose(live.json()["row"]["embedding"], direct.json()["data"][0]["embedding"], atol=1e-6)
+    assert openai_schema_errors("CreateEmbeddingResponse", direct.json()) == []
+    other = _post(f"{server.url}/v1/embeddings", {"model": "gpt-4o", "input": "red shoes"})
+    assert other.status_code == 404 and openai_schema_errors("ErrorResponse", other.json()) == []
+    assert (other.json()["error"]["code"], other.json()["error"]["param"]) == ("model_not_found", "model")
+    empty = _post(f"{server.url}/v1/embeddings", {"model": "minilm", "input": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
 
 
 def test_malformed_json_unknown_routes_and_methods_are_json_errors_and_models_are_listed(text_server):
@@ -185,6 +193,13 @@ def test_malformed_json_unknown_routes_and_methods_are_json_errors_and_models_ar
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
     assert "minilm" in [m.id for m in client.models.list()]
+    announced = server.start_line.split(" (", 1)[1]  # the routes the start-up line lists
+    assert {"/v1/embeddings", "/v1/predict", "/v1/results/{id}"} <= set(re.findall(r"/v1/[\w/{}]+", announced))
+    for path, why in (("/v1/chat/completions", "generates no text"), ("/v1/completions", "generates no text"),
+                      ("/v1/search", "no index here")):  # fmt: skip
+        assert path not in re.findall(r"/v1/[\w/{}]+", announced)  # not announced, and a 404 saying why
+        answer = httpx.post(f"{server.url}{path}", json={}, headers=auth, timeout=30)
+        assert answer.status_code == 404 and why in answer.json()["error"]["message"], answer.text
 
 
 def test_tabular_predictions_equal_offline_and_overload_gets_503(tmp_path):

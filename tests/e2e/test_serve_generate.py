@@ -16,7 +16,7 @@ from openai import BadRequestError, OpenAI
 
 from bulkinfer import load_config, run_job
 
-from helpers import Server
+from helpers import Server, openai_schema_errors
 from tiny_lm import WORDS, tiny_lm
 
 PROMPTS = [" ".join(WORDS[i : i + 2 + i % 5]) for i in range(8)]
@@ -72,6 +72,23 @@ def test_chat_whole_streamed_and_concurrent_equal_the_offline_run(served):
     assert text == answers[3].choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant" and len(chunks) >= 3
     assert chunks[-1].choices[0].finish_reason == answers[3].choices[0].finish_reason
+    raw = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 5})  # fmt: skip
+    assert openai_schema_errors("CreateChatCompletionResponse", raw.json()) == []
+    streamed = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "max_tokens": 5,
+            "stream": True,
+        },
+    )
+    events = [json.loads(x[6:]) for x in streamed.text.splitlines() if x.startswith("data: {")]  # fmt: skip
+    assert events and [openai_schema_errors("CreateChatCompletionStreamResponse", e) for e in events] == [[]] * len(
+        events
+    )
 
 
 def test_text_completions_stream_with_usage_and_bad_requests_are_400(served):
@@ -83,6 +100,11 @@ def test_text_completions_stream_with_usage_and_bad_requests_are_400(served):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    raw = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny-llama", "prompt": "fox", "max_tokens": 4},
+                     timeout=60)  # fmt: skip
+    assert openai_schema_errors("CreateCompletionResponse", raw.json()) == []
+    bad = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny-llama", "prompt": "fox", "n": 2}, timeout=60)
+    assert bad.status_code == 400 and openai_schema_errors("ErrorResponse", bad.json()) == []
 
     with pytest.raises(BadRequestError, match="only one completion per request"):
         client.completions.create(model="tiny-llama", prompt="fox", n=2)

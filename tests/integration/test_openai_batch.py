@@ -173,13 +173,18 @@ def test_embeddings_requests_go_to_the_embedding_model(tmp_path):
                     "body": {"model": "minilm", "input": texts[2], "encoding_format": "base64"}}),
         json.dumps({"custom_id": "g0", "method": "POST", "url": CHAT,
                     "body": {"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}}),
+        # lines OpenAI refuses: a field a line does not have, an empty input, no method
+        json.dumps({"custom_id": "x0", "method": "POST", "url": "/v1/embeddings", "priority": "high",
+                    "body": {"model": "minilm", "input": "x"}}),
+        json.dumps({"custom_id": "x1", "method": "POST", "url": "/v1/embeddings", "body": {"model": "minilm", "input": ""}}),
+        json.dumps({"custom_id": "x2", "url": "/v1/embeddings", "body": {"model": "minilm", "input": "x"}}),
     ]  # fmt: skip
     src = tmp_path / "emb.jsonl"
     src.write_text("\n".join(lines) + "\n")
     result = run_job(load_config(overrides={"source.paths": [str(src)], "model.name": "minilm",
                                             "sink.path": str(tmp_path / "out"), "execution.progress": "none",
                                             "execution.max_error_rate": 1.0}))  # fmt: skip
-    assert result.report["rows_out"] == 2 and result.report["rows_failed"] == 1
+    assert result.report["rows_out"] == 2 and result.report["rows_failed"] == 4
     got = {a["custom_id"]: a for a in read_lines(tmp_path / "out" / "_batch_output.jsonl")}
     import numpy as np
     from sentence_transformers import SentenceTransformer
@@ -194,8 +199,13 @@ def test_embeddings_requests_go_to_the_embedding_model(tmp_path):
     import base64
 
     np.testing.assert_allclose(np.frombuffer(base64.b64decode(raw), np.float32), want[2], atol=2e-5)
-    (err,) = read_lines(tmp_path / "out" / "_batch_errors.jsonl")
-    assert err["custom_id"] == "g0" and "makes embeddings" in err["response"]["body"]["error"]["message"]
+    errors = {e["custom_id"]: e["response"]["body"]["error"] for e in read_lines(tmp_path / "out" / "_batch_errors.jsonl")}
+    assert "makes embeddings" in errors.pop("g0")["message"]
+    assert {c: e["message"] for c, e in errors.items()} == {
+        "x0": "priority: not a field of a batch request line (custom_id, method, url, body)",
+        "x1": "input[0]: an empty string; give text to embed",
+        "x2": 'method: missing; every request line says "method": "POST"',
+    }
 
 
 def _mostly_bad_batch(path) -> list[str]:

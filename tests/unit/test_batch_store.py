@@ -136,3 +136,48 @@ def test_a_delivery_that_fails_is_tried_again_with_the_same_id_and_a_fresh_signa
     event = Webhook(SECRET).verify(got[1][2], got[1][1])
     assert event["type"] == "batch.expired" and event["data"] == {"id": "batch_1"}
     assert list((tmp_path / "webhooks").glob("*.json")) == []  # delivered: nothing left to send
+
+
+def test_an_event_queued_by_a_server_that_stopped_is_sent_by_the_next_and_once(tmp_path):
+    """The first server queues an event its receiver cannot take and stops; the next start on
+    the same state sends it, with the same id; queuing it again (a restart finishing the batch's
+    end) adds nothing."""
+    got: list[dict[str, str]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            got.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver, bind_and_activate=False)
+    httpd.server_bind()  # bound, not listening: the first server's deliveries are refused
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+    first = Webhooks(url, SECRET, tmp_path)
+    first.start()
+    first.emit("batch.completed", "batch_9")
+    deadline = time.monotonic() + 15
+    while not any(json.loads(p.read_text())["attempts"] >= 1 for p in (tmp_path / "webhooks").glob("*.json")):
+        assert time.monotonic() < deadline, "no delivery was tried"
+        time.sleep(0.05)
+    first.close()
+    httpd.server_activate()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    second = Webhooks(url, SECRET, tmp_path)
+    second.emit("batch.completed", "batch_9")  # the same event queued again: still one
+    second.start()
+    try:
+        deadline = time.monotonic() + 15
+        while second.delivered < 1:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        time.sleep(0.3)  # a second copy, were there one, would arrive now
+    finally:
+        second.close()
+        httpd.shutdown()
+    assert len(got) == 1 and got[0]["webhook-id"].startswith("evt_")
+    assert list((tmp_path / "webhooks").glob("*.json")) == []

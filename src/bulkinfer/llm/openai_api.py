@@ -189,7 +189,9 @@ def batch_request(row: Mapping[str, Any]) -> tuple[Any, Any]:
     route needs: no problem the reader found (``line_error``), ``POST``, a JSON body."""
     if row["line_error"]:
         raise BadRequest(row["line_error"], "custom_id")
-    if row["method"] not in ("POST", None):
+    if row["method"] is None:
+        raise BadRequest("method: missing; every request line says \"method\": \"POST\"", "method")
+    if row["method"] != "POST":
         raise BadRequest(f"method: expected POST, got {row['method']!r}", "method")
     try:
         body = json.loads(row["body"]) if row["body"] is not None else None
@@ -228,6 +230,8 @@ def embeddings_inputs(body: Any, model_names: Sequence[str], dimension: int | No
         texts = [texts]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise BadRequest("input: expected a string or a non-empty list of strings", "input")
+    if "" in texts:  # OpenAI refuses an empty input: there is nothing to embed
+        raise BadRequest(f"input[{texts.index('')}]: an empty string; give text to embed", "input")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise BadRequest(f"encoding_format: expected float or base64, got {fmt!r}", "encoding_format")

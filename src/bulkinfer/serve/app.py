@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..adapters.image import ImageAdapter
 from ..config import JobConfig
 from ..llm.openai_api import CHAT, COMPLETIONS
 from . import openai
@@ -45,8 +44,8 @@ log = logging.getLogger("bulkinfer")
 async def _request_table(server: Server, request: Request) -> pa.Table:
     """A ``/v1/predict`` request's rows as the table an offline run reads: pictures (an upload
     or base64) for a picture model, else JSON rows."""
-    if isinstance(server.adapter, ImageAdapter):
-        return await image_table(request, server.adapter.image_column, server.passthrough, server.sv)
+    if server.adapter.picture_column is not None:  # a picture model, or several reading one picture column
+        return await image_table(request, server.adapter.picture_column, server.passthrough, server.sv)
     body = await read_body(request, server.sv.max_body_bytes)
     return server.check_rows(body.get("rows") if isinstance(body, dict) else None)
 
@@ -71,8 +70,7 @@ class _Routes:
 
     async def results(self, request: Request) -> Response:
         server, index = self.server, self.server.results
-        if index is None:
-            raise ApiError(404, "no precomputed results here: start the server with serve.results = OUT/", "not_found")
+        assert index is not None  # mounted only with serve.results (_unserved)
         key = request.path_params["id"]
         row = await asyncio.to_thread(index.get, key)
         if row is not None:
@@ -115,7 +113,7 @@ class _Routes:
         name = request.path_params["id"]
         if name not in self.server.model_names:
             served = ", ".join(self.server.model_names)
-            raise ApiError(404, f"model {name!r} is not served here (served: {served})", "invalid_request_error",
+            raise ApiError(404, f"model {name!r} is not served here (served: {served})", "invalid_request",
                            param="model", code="model_not_found")  # fmt: skip
         return JSONResponse(self._model(name))
 
@@ -154,8 +152,11 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         what, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
     else:
-        what, code = f"no route {request.method} {request.url.path}", "not_found"
-    return ApiError(exc.status_code, what, "invalid_request_error", dict(exc.headers or {}), code=code).response()
+        path = request.url.path
+        unserved = getattr(request.app.state, "unserved", {})
+        reason = next((r for p, r in unserved.items() if path == p or path.startswith(p.split("{", 1)[0])), None)
+        what, code = reason or f"no route {request.method} {path}", "not_found"
+    return ApiError(exc.status_code, what, "invalid_request", dict(exc.headers or {}), code=code).response()
 
 
 async def _on_error(request: Request, exc: Exception) -> Response:
@@ -194,13 +195,17 @@ def build_app(cfg: JobConfig) -> Starlette:
     """The ASGI app serving ``cfg``'s model (set up in the background when the app starts)."""
     server = Server(cfg)
     r, guarded = _Routes(server), _guard(server)
-    routes = [
-        Route("/v1/predict", guarded("predict", r.predict), methods=["POST"]),
+    optional = [
         Route("/v1/embeddings", guarded("embeddings", r.embeddings), methods=["POST"]),
         Route(CHAT, guarded("chat", r.chat_completions), methods=["POST"]),
         Route(COMPLETIONS, guarded("completions", r.completions), methods=["POST"]),
         Route("/v1/results/{id:path}", guarded("results", r.results), methods=["GET"]),
         Route("/v1/search", guarded("search", r.search), methods=["POST"]),
+    ]
+    unserved = _unserved(server)  # the routes this model cannot answer: not served, nor announced
+    routes = [
+        Route("/v1/predict", guarded("predict", r.predict), methods=["POST"]),
+        *(route for route in optional if route.path not in unserved),
         Route("/v1/models", guarded("models", r.models), methods=["GET"]),
         Route("/v1/models/{id:path}", guarded("models", r.model), methods=["GET"]),
         Route("/healthz", r.healthz, methods=["GET"]),
@@ -220,8 +225,25 @@ def build_app(cfg: JobConfig) -> Starlette:
 
     handlers = {ApiError: _on_api_error, HTTPException: _on_http_error, Exception: _on_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    app.state.server = server
+    app.state.server, app.state.unserved = server, unserved
     return app
+
+
+def _unserved(server: Server) -> dict[str, str]:
+    """The optional routes this server's model cannot answer, each with why (its 404 says so)."""
+    from ..adapters.knn import KnnAdapter
+
+    why = {}
+    if server.model.kind != "text-embedding":
+        why["/v1/embeddings"] = "this model makes no embeddings; use POST /v1/predict"
+    if server.model.kind != "generate":
+        why[CHAT] = f"this model generates no text; {CHAT} needs a generation model"
+        why[COMPLETIONS] = f"this model generates no text; {COMPLETIONS} needs a generation model"
+    if server.results is None:
+        why["/v1/results/{id:path}"] = "no precomputed results here: start the server with serve.results = OUT/"
+    if not isinstance(server.adapter, KnnAdapter):
+        why["/v1/search"] = "no index here: start the server with --model items.index (bulkinfer index)"
+    return why
 
 
 def _batch_routes(server: Server, guarded: Callable[[str, Handler], Handler]) -> list[Route]:

@@ -31,9 +31,14 @@ EXPIRED = "This request could not be executed before the completion window expir
 
 
 def job_config(server_cfg: JobConfig, input_path: Path, out_dir: Path, shard_rows: int) -> JobConfig:
-    """The job of one batch: the server's model and runtime (settled already) over its file."""
+    """The job of one batch: the server's model and runtime (settled already) over its file.
+    Any line the upload took is read (a line is at most the file, which is at most
+    ``serve.max_file_bytes``): a long request is answered by the model's own limits, with its
+    custom_id, never refused for a reader's setting the client cannot change."""
+    most = max(server_cfg.serve.max_file_bytes, SourceConfig().max_record_bytes)
+    source = SourceConfig(paths=[str(input_path)], format="openai-batch", shard_rows=shard_rows, max_record_bytes=most)
     return JobConfig(
-        source=SourceConfig(paths=[str(input_path)], format="openai-batch", shard_rows=shard_rows),
+        source=source,
         model=server_cfg.model,
         models=server_cfg.models,
         moderation=server_cfg.moderation,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchRoutes"]
 
-BAD = "invalid_request_error"
+BAD = "invalid_request"
 FILE_FIELDS = {"file", "purpose", "expires_after[anchor]", "expires_after[seconds]"}
 BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}
 EXPIRY_S = (3600, 30 * 24 * 3600)  # what OpenAI's expires_after allows

@@ -13,6 +13,14 @@ checked as a whole in a thread of its own (``validating``), then waits its turn:
 killed mid-batch finds its batches ``in_progress`` on the next start and resumes their jobs:
 every ``custom_id`` answered once. A sweeper expires batches past ``expires_at`` and removes
 files past theirs.
+
+A batch's end is written so that a kill at any point loses nothing and doubles nothing: the
+intent (its final status and the ids its output and error files will have) is saved first;
+the files are adopted under those ids (again, after a restart: the same files); then the
+status, the file ids and the events to send (its *outbox*) are saved in one write; then the
+events go to the audit log and the webhook queue, and leave the outbox. A restart finishes an
+intent and sends what an outbox holds; a webhook event's id comes from the batch and the event,
+so a receiver drops one sent twice.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ from typing import Any
 from ..adapters import Adapter
 from ..config import JobConfig
 from ..core.errors import BulkinferError, Interrupted
+from ..core.faults import crash_point
 from ..core.threads import thread
 from .audit import AuditLog
 from .batch_jobs import job_config, run_batch, stopped_files, validate
-from .files import FileStore, StoredFile, link_or_copy, write_json
+from .files import FileStore, StoredFile, link_or_copy, new_file_id, write_json
 from .validation import ApiError
 from .webhooks import Webhooks
 
@@ -95,8 +104,9 @@ class BatchQueue:
 
     # -- the process ---------------------------------------------------------
     def start(self) -> None:
-        """Resume what a stopped server left: checks, runs, cancellations; then the workers."""
+        """Resume what a stopped server left: events unsent, checks, runs, cancellations; then the workers."""
         for b in self._ordered():
+            self._flush(b)
             if b.status == "validating":
                 self._spawn(self._validate, b)
             elif b.status == "cancelling":
@@ -170,7 +180,7 @@ class BatchQueue:
             if b.status in TERMINAL or b.status == "cancelling":
                 raise ApiError(
                     409, f"batch {bid} is {b.status}: only a validating or in-progress batch can be cancelled",
-                    "invalid_request_error", code="batch_not_cancellable",
+                    "invalid_request", code="batch_not_cancellable",
                 )  # fmt: skip
             self._set(b, "cancelling")
             running = b.running
@@ -186,7 +196,7 @@ class BatchQueue:
         with self._lock:
             b = self._batches.get(bid)
         if b is None or b.record["_owner"] != owner:
-            raise ApiError(404, f"no batch {bid!r}", "invalid_request_error", param="batch_id", code="not_found")
+            raise ApiError(404, f"no batch {bid!r}", "invalid_request", param="batch_id", code="not_found")
         return b
 
     def counts(self) -> dict[str, int]:
@@ -212,8 +222,11 @@ class BatchQueue:
         write_json(self.dir / f"{b.id}.json", b.record)
 
     def _set(self, b: _Batch, status: str, **fields: Any) -> None:
-        """Move ``b`` to ``status`` (stamping ``<status>_at``) and write it; the lock is held."""
+        """Move ``b`` to ``status`` (stamping ``<status>_at``) and write it, a final status with
+        its event in the outbox (:meth:`_flush` sends it); the lock is held."""
         b.record.update(fields, status=status)
+        if status in TERMINAL:
+            b.record["_outbox"] = [*b.record.get("_outbox", []), f"batch.{status}"]
         stamp = f"{status}_at"
         if stamp in b.record and b.record[stamp] is None:
             b.record[stamp] = int(time.time())
@@ -226,6 +239,7 @@ class BatchQueue:
             total, errors = validate(self.dir / b.id / "input.jsonl", b.record["endpoint"], self.sv.max_batch_requests)
         except OSError as exc:
             total, errors = 0, [{"code": "unreadable_file", "message": f"cannot read the input file ({exc})"}]
+        crash_point("batch-validating")
         with self._lock:
             if b.status != "validating":  # cancelled meanwhile
                 return
@@ -234,8 +248,7 @@ class BatchQueue:
                 self._set(b, "failed", errors={"object": "list", "data": errors}, request_counts=counts)
             else:
                 self._set(b, "in_progress", request_counts=counts)
-        if errors:
-            self._event(b, "batch.failed")
+        self._flush(b)
 
     def _next(self) -> _Batch | None:
         """The oldest batch waiting to run (blocks); None when the server is closing."""
@@ -262,6 +275,9 @@ class BatchQueue:
                     self._lock.notify_all()
 
     def _run(self, b: _Batch) -> None:
+        if "_finishing" in b.record:  # killed while ending: end as decided, run nothing more
+            self._complete(b)
+            return
         folder = self.dir / b.id
         cfg = job_config(self.cfg, folder / "input.jsonl", folder / "output", self.sv.batch_shard_rows)
         model = self.model()
@@ -300,21 +316,25 @@ class BatchQueue:
         self._finish(b, status, out, err)
 
     def _finish(self, b: _Batch, status: str, out: Path, err: Path) -> None:
-        owner = b.record["_owner"]
-        keep = b.record["_output_expires_s"]
-        expires = int(time.time() + keep) if keep else None
-        ids: dict[str, str | None] = {}
-        lines: dict[str, int] = {}
-        for name, path in (("output_file_id", out), ("error_file_id", err)):
-            n = _lines(path)
-            lines[name] = n
-            ids[name] = None
-            if n:
-                stored = self.files.adopt(
-                    path, filename=f"{b.id}_{'output' if name == 'output_file_id' else 'error'}.jsonl",
-                    purpose="batch_output", owner=owner, expires_at=expires,
-                )  # fmt: skip
-                ids[name] = stored.id
+        """The batch's end (see the module): its intent saved (unless a kill left one: the end
+        decided then stands), then :meth:`_complete`."""
+        with self._lock:
+            if "_finishing" not in b.record:
+                files = {"output_file_id": (str(out), "output"), "error_file_id": (str(err), "error")}
+                b.record["_finishing"] = {
+                    "status": status, "files": {k: [new_file_id(), p, kind] for k, (p, kind) in files.items()}
+                }  # fmt: skip
+                self._save(b)
+        crash_point("batch-finalizing")
+        self._complete(b)
+
+    def _complete(self, b: _Batch) -> None:
+        """An intent carried out: the files adopted under its ids, then the status with its
+        event in one write, then the event sent."""
+        intent = b.record["_finishing"]
+        ids, lines = self._adopt(b, intent["files"])
+        crash_point("batch-adopted")
+        status = intent["status"]
         with self._lock:
             counts = {
                 **b.record["request_counts"],
@@ -323,19 +343,46 @@ class BatchQueue:
             }
             if status == "completed" and b.record["finalizing_at"] is None:
                 b.record["finalizing_at"] = int(time.time())
+            del b.record["_finishing"]
             self._set(b, status, request_counts=counts, **ids)
-        self._event(b, f"batch.{status}")
+        crash_point("batch-status-saved")
+        self._flush(b)
+
+    def _adopt(self, b: _Batch, files: dict[str, list[str]]) -> tuple[dict[str, str | None], dict[str, int]]:
+        """The batch's output and error files kept under the ids its intent chose (an empty one: none)."""
+        keep = b.record["_output_expires_s"]
+        expires = int(time.time() + keep) if keep else None
+        ids: dict[str, str | None] = {}
+        lines: dict[str, int] = {}
+        for name, (fid, path, kind) in files.items():
+            lines[name] = _lines(Path(path))
+            ids[name] = None
+            if lines[name]:
+                ids[name] = self.files.adopt(
+                    Path(path), fid=fid, filename=f"{b.id}_{kind}.jsonl", purpose="batch_output",
+                    owner=b.record["_owner"], expires_at=expires,
+                ).id  # fmt: skip
+        return ids, lines
 
     def _fail(self, b: _Batch, message: str) -> None:
         with self._lock:
             self._set(b, "failed", errors={"object": "list", "data": [{"code": "batch_failed", "message": message,
                                                                           "line": None, "param": None}]})  # fmt: skip
-        self._event(b, "batch.failed")
+        self._flush(b)
 
-    def _event(self, b: _Batch, event: str) -> None:
-        log.info("batch %s: %s (%s)", b.id, b.status, _counts_line(b.record))
-        self.audit.event(b.record["_owner"], event, b.id, **b.record["request_counts"])
-        self.webhooks.emit(event, b.id)
+    def _flush(self, b: _Batch) -> None:
+        """The events in ``b``'s outbox to the audit log and the webhook queue, then out of it."""
+        with self._lock:
+            events = list(b.record.get("_outbox", []))
+        if not events:
+            return
+        for event in events:
+            log.info("batch %s: %s (%s)", b.id, b.status, _counts_line(b.record))
+            self.audit.event(b.record["_owner"], event, b.id, **b.record["request_counts"])
+            self.webhooks.emit(event, b.id)
+        with self._lock:
+            b.record["_outbox"] = [e for e in b.record["_outbox"] if e not in events]
+            self._save(b)
 
     def _sweep(self) -> None:
         """Expire batches past their window; remove files past their expiry."""

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from .validation import ApiError
 
-__all__ = ["FileStore", "StoredFile", "link_or_copy", "page", "write_json"]
+__all__ = ["FileStore", "StoredFile", "link_or_copy", "new_file_id", "page", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class FileStore:
         expires_at: int | None = None,
     ) -> StoredFile:  # fmt: skip
         """Copy ``src`` in; over ``max_bytes`` it is refused (413) and nothing is kept."""
-        fid = _new_id("file-")
+        fid = new_file_id()
         tmp = self.dir / f".{fid}.part"
         size = 0
         try:
@@ -112,10 +112,13 @@ class FileStore:
             tmp.unlink(missing_ok=True)
 
     def adopt(
-        self, path: Path, *, filename: str, purpose: str, owner: str | None, expires_at: int | None
+        self, path: Path, *, fid: str, filename: str, purpose: str, owner: str | None, expires_at: int | None
     ) -> StoredFile:
-        """A file written elsewhere (a batch's output), kept under a new id (a hard link when it can)."""
-        fid = _new_id("file-")
+        """A file written elsewhere (a batch's output), kept under ``fid`` (a hard link when it
+        can); adopted under that id already (a restart finishing a batch): the file kept then."""
+        with self._lock:
+            if fid in self._files:
+                return self._files[fid]
         tmp = self.dir / f".{fid}.part"
         try:
             link_or_copy(path, tmp)
@@ -172,5 +175,5 @@ def _expired(f: StoredFile, now: float) -> bool:
     return f.expires_at is not None and now >= f.expires_at
 
 
-def _new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(12)

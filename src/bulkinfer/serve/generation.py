@@ -26,13 +26,13 @@ __all__ = ["generate"]
 
 
 async def generate(server: Server, request: Request, url: str) -> Response:
-    if server.model.kind != "generate":
-        raise ApiError(404, f"this model generates no text; {url} needs a generation model", "not_found")
+    # mounted only for a generation model (app._unserved)
     body = await read_body(request, server.sv.max_body_bytes)
     try:
         req = generation_request(url, body, server.adapter.names)  # type: ignore[attr-defined]
     except BadRequest as exc:
-        raise ApiError(400, str(exc), "invalid_request") from None
+        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
+                       param=exc.param, code=exc.code) from None  # fmt: skip
     cid = uuid.uuid4().hex
     asked = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     row = {"custom_id": cid, "method": "POST", "url": url, "body": json.dumps(asked), "line_error": None}
@@ -88,7 +88,7 @@ async def _events(
         try:
             answer = await task
         except ApiError as exc:
-            yield _sse({"error": {"message": exc.message, "type": exc.kind, "code": None}})
+            yield _sse({"error": exc.body()})
             yield "data: [DONE]\n\n"
             return
         body = json.loads(answer.columns["response"][0].as_py())

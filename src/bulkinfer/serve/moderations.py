@@ -27,7 +27,8 @@ async def moderations(server: Server, request: Request) -> Response:
     try:
         rows = moderation_rows(body, server.model_names, mod, server.sv.max_image_bytes)
     except BadRequest as exc:
-        raise ApiError(400, str(exc), "invalid_request_error", param=exc.param, code=exc.code) from None
+        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
+                       param=exc.param, code=exc.code) from None  # fmt: skip
     table = request_table(rows, mod, server.adapter.input_columns)
     answer = await server.infer(table, rows="input")
     for name, column in answer.columns.items():

@@ -21,13 +21,13 @@ __all__ = ["embeddings"]
 
 
 async def embeddings(server: Server, request: Request) -> Response:
-    if server.model.kind != "text-embedding":
-        raise ApiError(404, "this model makes no embeddings; use POST /v1/predict", "not_found")
+    # mounted only for a text-embedding model (app._unserved)
     body = await read_body(request, server.sv.max_body_bytes)
     try:
         texts, fmt = embeddings_inputs(body, server.model_names, getattr(server.adapter, "dimension", None))
     except BadRequest as exc:  # as a Batch file's line with the same body is refused: a 400 naming the field
-        raise ApiError(400, str(exc), "invalid_request") from None
+        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
+                       param=exc.param, code=exc.code) from None  # fmt: skip
     text_column = server.adapter.input_columns[0]
     table = server.check_rows([{text_column: t} for t in texts])
     answer = await server.infer(table, rows="input")

@@ -30,8 +30,7 @@ async def search(server: Server, request: Request) -> Response:
     from ..adapters.knn import ONLINE_EXCLUDE, ONLINE_K, KnnAdapter
 
     adapter = server.adapter
-    if not isinstance(adapter, KnnAdapter):
-        raise ApiError(404, "no index here: start the server with --model items.index (bulkinfer index)", "not_found")
+    assert isinstance(adapter, KnnAdapter)  # mounted only over an index (app._unserved)
     server.ready_batcher()  # 503 while the index is loading
     assert adapter.ids is not None
     body = await read_body(request, server.sv.max_body_bytes)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
-from ..adapters.image import ImageAdapter
 from ..adapters.moderation_requests import category_kinds
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError
@@ -56,7 +55,7 @@ class Server:
         self.model, self.adapter = settled.model, settled.adapter
         self.model_names = served_names(cfg, self.model)  # what an OpenAI request's model may say
         self.passthrough = [c for c in cfg.passthrough_columns if c not in self.adapter.input_columns]
-        if isinstance(self.adapter, ImageAdapter) and "id" not in self.passthrough:
+        if self.adapter.picture_column is not None and "id" not in self.passthrough:
             self.passthrough.insert(0, "id")  # a picture's answer names it: its file name, or the id sent
         self.moderation_kinds = category_kinds(cfg, self.adapter) if cfg.moderation is not None else None
         self.metrics = ServeMetrics()

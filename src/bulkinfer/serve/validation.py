@@ -12,7 +12,7 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["ApiError", "JSONResponse", "check_rows", "live_inputs", "read_body"]
+__all__ = ["ApiError", "JSONResponse", "check_rows", "error_type", "live_inputs", "read_body"]
 
 NUMERIC_KINDS = ("tabular", "onnx")
 
@@ -35,10 +35,21 @@ class ApiError(Exception):
         self.param, self.code = param, code
 
     def response(self) -> JSONResponse:
-        """``{"error": {"message", "type", "param", "code"}}``: ``code`` is the status unless the
-        route names one (the batch service's, as OpenAI's)."""
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code or self.status}
-        return JSONResponse({"error": error}, self.status, headers=self.headers)
+        """``{"error": {"message", "type", "param", "code"}}`` as OpenAI's ``Error``: ``type`` the
+        class of error OpenAI names for the status, ``code`` a string saying which (the route's
+        own code, else ``kind``: ``not_found``, ``too_large``...)."""
+        return JSONResponse({"error": self.body()}, self.status, headers=self.headers)
+
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "type": error_type(self.status), "param": self.param,
+                "code": self.code or self.kind}  # fmt: skip
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status: a request's fault, a rate limit, the server's."""
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 class JSONResponse(Response):
@@ -66,7 +77,7 @@ async def read_body(request: Request, limit: int) -> Any:
     except orjson.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise ApiError(
-            400, f"body is not valid JSON at {where}", "invalid_request_error", code="invalid_json"
+            400, f"body is not valid JSON at {where}", "invalid_request", code="invalid_json"
         ) from None
 
 

@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import logging
-import secrets
 import threading
 import time
 import urllib.error
@@ -76,11 +75,16 @@ class Webhooks:
             self._thread.join(timeout=self.timeout_s + 1)
 
     def emit(self, event: str, batch_id: str) -> None:
-        """Queue ``event`` about ``batch_id``; it is sent from the delivery thread."""
+        """Queue ``event`` about ``batch_id`` (once: an event queued already is not queued again);
+        it is sent from the delivery thread. Its id is the batch's and the event's, so a receiver
+        drops a repeat sent after a restart."""
         if not self.url:
             return
+        event_id = "evt_" + hashlib.sha256(f"{batch_id}:{event}".encode()).hexdigest()[:24]
+        if any(self.dir.glob(f"*-{event_id}.json")):
+            return
         body = {
-            "id": "evt_" + secrets.token_hex(12), "object": "event", "type": event,
+            "id": event_id, "object": "event", "type": event,
             "created_at": int(time.time()), "data": {"id": batch_id},
         }  # fmt: skip
         write_json(self.dir / f"{time.time_ns():020d}-{body['id']}.json", {"event": body, "attempts": 0})

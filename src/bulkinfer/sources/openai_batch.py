@@ -29,6 +29,21 @@ __all__ = ["COLUMNS", "OpenAIBatchFormat", "looks_like_batch"]
 COLUMNS = ("custom_id", "method", "url", "body", "line_error")
 
 
+LINE_FIELDS = ("custom_id", "method", "url", "body")
+"""The fields of a batch request line (OpenAI's ``BatchRequestInput``); any other is refused, as OpenAI does."""
+
+
+def _line_error(obj: Mapping[str, Any], cid: str, repeated: bool) -> str | None:
+    """Why a line with a custom_id is refused before its request is read: a repeated custom_id,
+    a field a batch line does not have."""
+    if repeated:
+        return f"custom_id {cid!r} was already used by an earlier line; custom_id must be unique"
+    unknown = [k for k in obj if k not in LINE_FIELDS]
+    if unknown:
+        return f"{unknown[0]}: not a field of a batch request line ({', '.join(LINE_FIELDS)})"
+    return None
+
+
 def _custom_id(line: bytes) -> str | None:
     try:
         obj = json.loads(line)
@@ -105,9 +120,7 @@ class OpenAIBatchFormat:
                     "method": obj.get("method") if isinstance(obj.get("method"), str) else None,
                     "url": obj.get("url") if isinstance(obj.get("url"), str) else None,
                     "body": json.dumps(body, ensure_ascii=False) if body is not None else None,
-                    "line_error": f"custom_id {cid!r} was already used by an earlier line; custom_id must be unique"
-                    if row in repeats
-                    else None,
+                    "line_error": _line_error(obj, cid, row in repeats),
                 }
             )
             rows.append(row)
