@@ -430,11 +430,11 @@ def test_with_the_defaults_one_bad_line_never_fails_a_small_job_but_a_wholesale_
      (50, 0.0, 10, None, 0), (50, 0.001, 10, 3, 3), (50, 0.5, 0, None, 25)],
 )  # fmt: skip
 def test_the_error_budget_rule(rows, rate, floor, cap, budget):
-    from bulkinfer.commit.committer import error_budget
+    from bulkinfer.config.execution import error_budget
 
     cfg = load_config(overrides={"execution.max_error_rate": rate, "execution.min_error_budget": floor,
                                  "execution.max_errors": cap})  # fmt: skip
-    assert error_budget(cfg, rows) == budget
+    assert error_budget(cfg.execution, rows) == budget
 
 
 def test_inputs_that_are_all_unreadable_are_named_each_with_why(tmp_path):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..config.execution import error_budget
 from ..core.errors import ErrorBudgetExceeded
 from ..core.faults import crash_point
 from ..core.layout import ERRORS, STATS
@@ -41,22 +42,10 @@ __all__ = [
     "PartStamp",
     "RetryCommitter",
     "RetryUnit",
-    "error_budget",
     "remaining_work",
     "retry_units",
     "stage_routed",
 ]
-
-
-def error_budget(cfg: JobConfig, rows_planned: int) -> int:
-    """Failed rows a job may have: ``max_error_rate`` of the planned rows, but at least
-    ``min_error_budget`` (never more than half the rows, so a job failing wholesale still
-    stops), capped by ``max_errors``; a rate of 0 allows none."""
-    ex = cfg.execution
-    budget = int(ex.max_error_rate * rows_planned)
-    if ex.max_error_rate > 0:
-        budget = max(budget, min(ex.min_error_budget, rows_planned // 2))
-    return budget if ex.max_errors is None else min(budget, ex.max_errors)
 
 
 def remaining_work(planned: Sequence[Shard], commits: Iterable[Commit] | CommitTally) -> ShardTable:
@@ -257,7 +246,7 @@ class Committer(CommitterBase):
 
     @property
     def budget(self) -> int:
-        return error_budget(self.cfg, self.stats.rows_planned)
+        return error_budget(self.cfg.execution, self.stats.rows_planned)
 
     def __call__(self, out: ShardOutput) -> None:
         self.publish(*stage_routed(self.sink, self.routes, out, self.name_start(out.shard), stamp=self.stamp))

@@ -23,7 +23,7 @@ from .exports import (
 from .job import JobConfig
 from .load import field_docs, load_config, parse_value
 from .model import ModelConfig
-from .operations import CostConfig, IndexConfig, LineageConfig, MonitorConfig
+from .operations import CostConfig, IndexConfig, LineageConfig, MetricsConfig, MonitorConfig
 from .runtime import RuntimeConfig
 from .serve import ServeConfig
 from .sink import SinkConfig
@@ -38,6 +38,7 @@ __all__ = [
     "IndexConfig",
     "JobConfig",
     "LineageConfig",
+    "MetricsConfig",
     "ModelConfig",
     "MonitorConfig",
     "PostgresExport",

@@ -57,3 +57,13 @@ class ExecutionConfig(Section):
     min_error_budget: int = Field(default=10, ge=0)
     """Failed rows allowed whatever the rate, up to half the planned rows, so one bad row never fails a small
     job (max_error_rate = 0 allows none)."""
+
+
+def error_budget(ex: ExecutionConfig, rows_planned: int) -> int:
+    """Failed rows a job may have: ``max_error_rate`` of the planned rows, but at least
+    ``min_error_budget`` (never more than half the rows, so a job failing wholesale still
+    stops), capped by ``max_errors``; a rate of 0 allows none."""
+    budget = int(ex.max_error_rate * rows_planned)
+    if ex.max_error_rate > 0:
+        budget = max(budget, min(ex.min_error_budget, rows_planned // 2))
+    return budget if ex.max_errors is None else min(budget, ex.max_errors)

@@ -16,7 +16,7 @@ from .exports import (
 )
 from .model import ModelConfig
 from .moderation import ModerationConfig
-from .operations import CostConfig, IndexConfig, LineageConfig, MonitorConfig
+from .operations import CostConfig, IndexConfig, LineageConfig, MetricsConfig, MonitorConfig
 from .runtime import RuntimeConfig
 from .section import Section
 from .serve import ServeConfig
@@ -46,6 +46,8 @@ class JobConfig(Section):
     """Cost accounting."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Output statistics compared with a baseline run (drift)."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """The run's metrics while it runs: a scrape port, a Pushgateway, the deadline alerts compare with."""
     lineage: LineageConfig = Field(default_factory=LineageConfig)
     """OpenLineage run events."""
     serve: ServeConfig = Field(default_factory=ServeConfig)

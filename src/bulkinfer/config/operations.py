@@ -1,10 +1,11 @@
-"""What a run reports and is accounted by: ``[cost]``, ``[lineage]``, ``[monitor]`` and ``[index]``."""
+"""What a run reports and is accounted by: ``[cost]``, ``[lineage]``, ``[monitor]``, ``[metrics]``
+and ``[index]``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .section import Section
 
@@ -43,6 +44,37 @@ class MonitorConfig(Section):
     """A column whose population stability index against the baseline is over this has drifted."""
     fail_on_drift: bool = False
     """Exit 1 after committing when a column drifted (the output is kept; the pipeline stops)."""
+
+
+class MetricsConfig(Section):
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve the run's metrics at http://0.0.0.0:PORT/metrics while it runs (a Prometheus scrape; --metrics-port)."""
+    pushgateway: str | None = None
+    """A Prometheus Pushgateway (http://host:9091): the metrics pushed every push_interval_s and once at the end."""
+    push_interval_s: float = Field(default=15.0, gt=0)
+    """Seconds between pushes to the Pushgateway."""
+    deadline: str | None = None
+    """When the job must be done (ISO 8601, 2026-12-08T06:00:00Z): a metric an alert compares the ETA with."""
+    instance: str | None = None
+    """The ``instance`` grouping label of the pushed metrics (default: this host's name)."""
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str | None) -> str | None:
+        if v is not None:
+            deadline_timestamp(v)
+        return v
+
+
+def deadline_timestamp(text: str) -> float:
+    """``metrics.deadline`` as a Unix time; one without a zone is UTC."""
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r}: expected an ISO 8601 time such as 2026-12-08T06:00:00Z") from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 class IndexConfig(Section):

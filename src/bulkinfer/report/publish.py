@@ -72,6 +72,7 @@ def write_report(
         "threads": cfg.runtime.threads or available_cpus(),
         "machine": {**cpu(), "isa": isa_key(), "gpu": gpu(cfg.runtime.device)},
         **stats.to_json(price_per_hour=price, currency=cfg.cost.currency, token_prices=_token_prices(cfg)),
+        "process": process_use(),
         "output_rows": stats.output.rows,  # every committed part's rows, earlier runs' too
         "output_files": len(stats.output.covers),
         "output_bytes": output_bytes,
@@ -94,6 +95,14 @@ def write_report(
     except (OSError, OutputError) as exc:  # the report must never hide the run's own outcome
         log.warning("could not write the report: %s", exc)
     return report
+
+
+def process_use() -> dict[str, float]:
+    """This process's CPU seconds (user and system) and its largest resident memory so far."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_s": round(use.ru_utime + use.ru_stime, 3), "max_rss_bytes": use.ru_maxrss * 1024}
 
 
 def _previous_report(ledger: PrivateFiles, fingerprint: str) -> dict[str, Any] | None:
