@@ -70,7 +70,8 @@ def _metadata(report: Mapping[str, Any], output: str) -> dict[str, Any]:
         "rows": report.get("rows_out", 0),
         "rows_already_done": report.get("rows_already_done", 0),
         "rows_failed": report.get("rows_failed", 0),
-        "rows_per_s": report.get("rows_per_s", 0.0),
+        "rows_per_s": report.get("rows_per_s", 0.0),  # rows the model ran per second
+        "rows_written_per_s": report.get("rows_written_per_s", report.get("rows_per_s", 0.0)),
         "cost": cost.get("run", 0.0),
         "currency": cost.get("currency", ""),
         "report": MetadataValue.path(f"{output}/_bulkinfer/report.json"),

@@ -42,8 +42,10 @@ from .precision.settle import Settled, for_workers, settle, with_column_types
 from .report import Progress, RunStats, write_report
 from .report.drift import drift_against, drift_line, load_baseline
 from .report.lineage import Lineage
+from .report.live import RunMetrics
 from .report.publish import instance_price, load_output_stats
 from .runners import make_runner
+from .runners.contract import PassesTogether, Runner
 from .runners.ray import auto_on_cluster
 from .sinks import ExportTarget, Sink, make_exports, make_route_targets, make_sink
 from .sources import Shard, ShardTable, reading_in_order
@@ -131,19 +133,17 @@ def _run_job(
     sink = make_sink(job.cfg)
     sink.start()
     with open_ledger(sink) as ledger:
-        # plan (or take the plan of the run this one resumes)
-        stored = ledger.read_plan()  # job.json, read once under the lock
-        draft = make_plan(job.cfg, job.model, job.adapter, stored, retry_errors=retry_errors)
-        plan = ledger.begin(draft, job.cfg.execution.overwrite, stored)
+        plan, stats, left = _planned(job, ledger, retry_errors)
         lineage = Lineage(job.cfg, plan, job.model, str(sink.out_dir))
         lineage.start()
-        stats, left = resume(job.cfg, ledger, plan)
         guard = CostGuard(job.cfg, stats, stop)
         exports, route_targets = make_exports(job.cfg), make_route_targets(job.cfg)
         every_target = exports + [t for ts in route_targets.values() for t in ts]
+        metrics = RunMetrics(job.cfg, stats)
         # execute
         status, done, failure = "complete", False, ""
         try:
+            metrics.start()
             for target in every_target:  # a target that is down is one line before any inference
                 target.start(plan, job.cfg.passthrough_columns)
             done = execute(
@@ -167,6 +167,7 @@ def _run_job(
                 target.close()
             sink.complete() if status == "complete" else sink.failed()
             report = _report(job, ledger, plan, stats, status, baseline)
+            metrics.finish(status)
             if status == "interrupted":
                 lineage.abort(report)
             elif status == "failed":
@@ -176,6 +177,19 @@ def _run_job(
             lineage.complete(report, stats.output.schema)
     _after(job, stats, report, sink.out_dir, done)
     return RunResult(sink.out_dir, status, report)
+
+
+def _planned(job: Prepared, ledger: OutputLedger, retry_errors: bool) -> tuple[JobPlan, RunStats, Left]:
+    """The plan (or the plan of the run this one resumes), and what is left of it; the time
+    planning took is the report's ``setup_split.plan_s``."""
+    t0 = time.perf_counter()
+    stored = ledger.read_plan()  # job.json, read once under the lock
+    draft = make_plan(job.cfg, job.model, job.adapter, stored, retry_errors=retry_errors)
+    plan = ledger.begin(draft, job.cfg.execution.overwrite, stored)
+    plan_s = time.perf_counter() - t0
+    stats, left = resume(job.cfg, ledger, plan)
+    stats.setup_split["plan_s"] = plan_s
+    return plan, stats, left
 
 
 def _report(
@@ -352,16 +366,25 @@ def execute(
         try:
             with _running(stats, stop, cfg, ledger.out_dir) as progress:
                 runner.on_progress = progress.update
-                for shards, commit, rows in passes:
+                for _shards, commit, _rows in passes:
                     commit.on_commit = _both(progress.update, on_commit)
-                    runner.run(shards, commit, rows)
-                    if stop.is_set():
-                        break
+                _run_passes(runner, passes, stop)
                 stats.finished = time.perf_counter()  # the last commit; tearing workers down is not the job's time
                 stats.dedupe = getattr(runner, "dedupe", cfg.runtime.dedupe)
         finally:
             runner.close()
     return not remaining_work(plan.shards, ledger.iter_commits())
+
+
+def _run_passes(runner: Runner, passes: list[Pass], stop: threading.Event) -> None:
+    """Each pass in turn, or every pass at once where the runner takes them so (a remote Batch API)."""
+    if isinstance(runner, PassesTogether):
+        runner.run_passes(passes)
+        return
+    for shards, commit, rows in passes:
+        runner.run(shards, commit, rows)
+        if stop.is_set():
+            break
 
 
 def _retry_passes(ledger: OutputLedger, sink: Sink, stats: RunStats, plan: JobPlan, committer: Committer) -> list[Pass]:

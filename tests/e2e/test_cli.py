@@ -81,6 +81,13 @@ def test_help_lists_every_config_field():
     assert len(fields) > 100 and {"source.shard_rows", "export.maxlen", "route.when"} <= fields
     assert sorted(f for f in fields if f"{f} = " not in out) == []
     assert "Rows sorted by length together" in out
+    assert "Output format: parquet, jsonl, csv, openai-batch, delta." in " ".join(out.split()).replace("- ", "-")
+
+
+def test_version_prints_the_packages_version():
+    from bulkinfer import __version__
+
+    assert cli("--version", check=True).stdout == f"bulkinfer {__version__}\n"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +43,11 @@ def test_every_page_is_in_the_nav_and_every_nav_page_exists():
     listed = {p.name for p in pages()[1:]}
     assert listed == {p.name for p in DOCS.glob("*.md")}
     assert all(p.exists() for p in pages())
+
+
+def test_the_docs_index_lists_every_page():
+    listed = set(re.findall(r"^\| \[[^]]+\]\(([\w-]+\.md)\) \|", (DOCS / "index.md").read_text(), re.M))
+    assert listed == {p.name for p in pages()[1:]} - {"index.md"}
 
 
 def test_marked_examples_run(tmp_path):
@@ -84,6 +90,37 @@ def test_the_jobs_page_names_every_config_field():
         name for name, _d, _doc in field_docs() if f"`{name.split('.')[1]}`" not in rows.get(name.split(".")[0], "")
     ]
     assert missing == []
+
+
+def _section_model(annotation: object) -> type | None:
+    """The pydantic model a section's annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``)."""
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return annotation
+    return next((m for a in typing.get_args(annotation) if (m := _section_model(a)) is not None), None)
+
+
+def _choices(annotation: object) -> list[str]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return [c for c in typing.get_args(annotation) if isinstance(c, str)]
+    return [c for a in typing.get_args(annotation) for c in _choices(a)]
+
+
+def test_the_jobs_pages_lists_of_choices_are_whole():
+    """Where docs/jobs.md lists a field's choices (`format` (auto/parquet/...)), every choice the
+    config takes is among them: runtime.engine once lacked openvino, source.format webdataset."""
+    from bulkinfer.config import JobConfig
+
+    text = (DOCS / "jobs.md").read_text()
+    checked, missing = 0, []
+    for section, row in re.findall(r"^\| `(\w+)` \| (.*) \|$", text, re.M):
+        model = _section_model(JobConfig.model_fields[section].annotation) if section in JobConfig.model_fields else None
+        for field, listed in re.findall(r"`(\w+)` \(([^()]*?/[^()]*)\)", row):
+            if model is None or field not in model.model_fields:
+                continue
+            checked += 1
+            missing += [f"{section}.{field}: {c}" for c in _choices(model.model_fields[field].annotation)
+                        if not re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", listed)]  # fmt: skip
+    assert checked >= 12 and missing == []
 
 
 def test_the_configuration_reference_is_generated_from_the_config():

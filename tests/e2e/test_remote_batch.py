@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
-from openai import OpenAI
+from openai import NotFoundError, OpenAI
 
 from helpers import BULKINFER, Server, cli, make_catalog, read_output, write
 
@@ -63,6 +63,10 @@ def test_a_table_through_the_batch_api_equals_the_local_run(remote):
     logged = ["--progress", "log", "--set", "execution.log_interval_s=0.01"]
     ran = cli(*job_args(server, "out"), *price, *logged, cwd=d, env=env(), check=True)
     assert re.search(r"progress rows=\d+/300 .* batches=(completed|finalizing|in_progress|validating):", ran.stderr)
+    assert "eta_s=nan" not in ran.stderr and "eta_s=unknown" in ran.stderr  # before the first answers
+    page = (d / "out.html")
+    cli("report", "out", "-o", str(page), cwd=d, check=True)
+    assert "No stage of this run was busy here" in page.read_text() and "e-12" not in page.read_text()
     out, local = read_output(d / "out").sort_by("id"), read_output(d / "local").sort_by("id")
     assert out.column_names == ["id", "embedding"]  # a remote Batch API's output has no input hashes (yet)
     assert local.column_names == ["id", "embedding", "_input_hash"]
@@ -92,15 +96,23 @@ def test_a_client_killed_at_every_step_in_turn_reruns_to_every_row_once_without_
     """Killed after the intent, then (resuming) after the upload, after the create (before its
     id is recorded), while polling and after a download; the last rerun completes."""
     server, d = remote
+    before = _server_batches(server)  # every batch on the server, whatever the client's own state says
     for step in STEPS:
         killed = cli(*job_args(server, "out-killed"), cwd=d, env=env(BULKINFER_CRASH_AT=step))
         assert killed.returncode == -signal.SIGKILL, (step, killed.stderr)
     cli(*job_args(server, "out-killed"), cwd=d, env=env(), check=True)
     table = read_output(d / "out-killed")
     assert sorted(table["id"].to_pylist()) == list(range(300))
-    made = batches_of(server, d / "out-killed")
+    made = [b for b in _server_batches(server) if b.id not in {x.id for x in before}]
     assert len(made) == 2, [(b.id, b.metadata) for b in made]  # each rerun found what was created
     assert sorted(b.request_counts.total for b in made) == [100, 200]
+    assert {b.id for b in made} == {b.id for b in batches_of(server, d / "out-killed")}
+
+
+def _server_batches(server: Server) -> list:
+    """Every batch the server holds for the key (a resume that lost its state file and paid twice
+    shows here, where counting by the client's own run id would not)."""
+    return list(OpenAI(base_url=f"{server.url}/v1", api_key=KEY).batches.list())
 
 
 @pytest.mark.parametrize("cancel", [False, True])
@@ -138,7 +150,7 @@ def test_rows_that_fail_remotely_are_error_records_and_retry_errors_resubmits_on
     server, d = remote
     texts = ["a short text", None, "word " * 600, "another text", "word " * 700]
     write(pa.table({"id": list(range(5)), "description": texts}), d / "mixed.parquet")
-    budget = ["--set", "execution.max_error_rate=1"]
+    budget = ["--set", "execution.max_error_rate=1", "--set", "source.shard_rows=2"]  # 3 shards: 3 error files
     done = cli(*job_args(server, "out-mixed", "mixed.parquet"), *budget, cwd=d, env=env())
     assert done.returncode == 0, done.stderr
     assert sorted(read_output(d / "out-mixed")["id"].to_pylist()) == [0, 3]
@@ -151,8 +163,14 @@ def test_rows_that_fail_remotely_are_error_records_and_retry_errors_resubmits_on
     again = cli("run", "--retry-errors", "out-mixed", "--progress", "none", cwd=d, env=env())  # the stored job
     assert again.returncode == 0, again.stderr
     made = batches_of(server, d / "out-mixed")
-    assert len(made) == before + 1 and made[0].request_counts.total == 2  # only the two that made a request
+    # one batch for the failed rows of every error file (was one per file, each waiting for the last),
+    # of only the two that made a request
+    assert len(made) == before + 1 and made[0].request_counts.total == 2
     assert sorted(read_output(d / "out-mixed")["id"].to_pylist()) == [0, 3]
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    for b in made:  # the request files (the job's inputs) are deleted from the provider once committed
+        with pytest.raises(NotFoundError):
+            client.files.retrieve(b.input_file_id)
 
 
 class FaultyProxy:
@@ -258,3 +276,52 @@ def test_batch_max_requests_is_honoured_or_refused_never_broken(remote):
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "source.shard_rows = 100 is over model.batch_max_requests = 50" in refused.stderr
     assert not (d / "out-over-ceiling" / "_bulkinfer" / "remote_batches.json").exists()
+    too_big = cli(*job_args(server, "out-bytes"), "--set", "model.batch_max_bytes=20000", cwd=d, env=env())
+    last = too_big.stderr.strip().splitlines()[-1]
+    assert too_big.returncode == 1 and "Traceback" not in too_big.stderr
+    assert re.search(r"model\.batch_max_bytes: the requests of shards \[0, 1\] make \d+ bytes, over 20000", last), last
+    assert not batches_of(server, d / "out-bytes")  # refused before a file was sent
+
+
+class _LoginPage(http.server.BaseHTTPRequestHandler):
+    """A proxy's login wall: 200 and an HTML page, whatever is asked."""
+
+    def _page(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b"<html><body>Please sign in to continue</body></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _page
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_foreign_answer_a_wrong_url_or_endpoint_is_one_line_naming_the_setting(remote):
+    """A 200 of HTML (a proxy's login page), a base_url without /v1 (404) and an endpoint the
+    server does not run (400) each end in one line naming the setting to change, never "rerun
+    to resume" (a rerun cannot fix them) and never a traceback."""
+    server, d = remote
+    login = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LoginPage)
+    threading.Thread(target=login.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{login.server_address[1]}/v1"
+        cases = {
+            "html": (["--set", f"model.base_url='{base}'"],
+                     f"model.base_url: {base} answered the upload (POST /files) with something that is not the "
+                     "Batch API's JSON ('<html><body>Please sign in to continue</body></html>'...)"),
+            "no-v1": (["--set", f"model.base_url='{server.url}'"], f"model.base_url: {server.url} has no POST /files (404)"),
+            "endpoint": (["--set", "model.endpoint='/v1/chat/completions'"],
+                         f"model.endpoint: the Batch API at {server.url}/v1 refused POST /v1/batches for /v1/chat/completions (400: "),
+        }  # fmt: skip
+        for name, (args, said) in cases.items():
+            proc = cli(*job_args(server, f"out-{name}"), *args, cwd=d, env=env())
+            last = proc.stderr.strip().splitlines()[-1]
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, (name, proc.stderr)
+            assert said in last and "rerun to resume" not in last, (name, last)
+    finally:
+        login.shutdown()

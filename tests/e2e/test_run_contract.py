@@ -154,6 +154,7 @@ def test_a_signal_while_the_model_loads_exits_75_having_inferred_nothing(tmp_pat
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 75, err
     assert "interrupted; committed rows are kept" in err
+    assert "bulkinfer: stopped: " in err and "error" not in err  # a stop a rerun resumes is not an error
     assert not (tmp_path / "predicted").exists()
     assert not (tmp_path / "out" / "_bulkinfer" / "commits.log").read_text().strip()
     cli(*args, cwd=tmp_path, env=env, check=True)

@@ -208,3 +208,72 @@ def test_the_dagster_example_defines_the_catalog_asset_over_the_demo_job():
     (key,) = ns["defs"].resolve_asset_graph().get_all_asset_keys()
     assert key.path == ["catalog_embeddings"]
     assert ns["JOB"] == ROOT / "examples" / "catalog.toml" and ns["JOB"].exists()
+
+
+def _when_committed(out: Path, then) -> threading.Thread:
+    """Call ``then()`` once ``out`` has two committed shards (from a thread)."""
+
+    def watch() -> None:
+        log = out / "_bulkinfer" / "commits.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+            time.sleep(0.02)
+        then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_airflows_on_kill_stops_the_job_which_commits_and_exits_75(tmp_path, monkeypatch):
+    """Airflow kills a task by calling on_kill (a marked-failed task, a timeout): the job gets
+    SIGTERM, commits what is in flight and exits 75 within stop_grace_s; execute says so."""
+    from airflow.exceptions import AirflowException
+
+    from bulkinfer.airflow import BulkinferOperator
+
+    job, out = _job(tmp_path), tmp_path / "out"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    op = BulkinferOperator(task_id="embed", job=str(job), overrides={"sink.path": str(out)}, stop_grace_s=60)
+    killer = _when_committed(out, op.on_kill)
+    t0 = time.monotonic()
+    with pytest.raises(AirflowException, match=r"stopped \(exit 75\) with its committed rows kept"):
+        op.execute({})
+    killer.join(timeout=5)
+    committed = read_output(out).num_rows
+    assert 50 <= committed < ROWS and time.monotonic() - t0 < 60  # stopped mid-run, not run to the end
+
+
+def test_a_job_that_outlives_its_grace_is_killed(tmp_path, monkeypatch):
+    """stop(grace_s): SIGTERM first; a job still in a model call when the grace ends is SIGKILLed
+    then, not waited for (the orchestrator's own timeout is not held up by a stuck call)."""
+    from bulkinfer.orchestrate import JobProcess
+
+    stuck = tmp_path / "STUCK"
+    (tmp_path / "stuckmodel.py").write_text(textwrap.dedent(f"""
+        import os, time
+        import pyarrow.compute as pc
+
+        def stuck(table):
+            if os.path.exists({str(stuck)!r}):
+                time.sleep(600)  # a call that does not return: the commit SIGTERM asks for never comes
+            if 100 in table["x"].to_pylist():
+                open({str(stuck)!r}, "w").close()
+            return {{"y": pc.multiply(table["x"], 2)}}
+    """))  # fmt: skip
+    job = _job(tmp_path)
+    job.write_text(job.read_text().replace("orchmodel:slow_double", "stuckmodel:stuck"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    process = JobProcess(job, {"sink.path": str(tmp_path / "out")})
+    outcomes: list = []
+    runner = threading.Thread(target=lambda: outcomes.append(process.run(lambda _line: None)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not stuck.exists():
+        assert time.monotonic() < deadline and runner.is_alive(), outcomes
+        time.sleep(0.05)
+    time.sleep(0.5)  # the next call is in its sleep
+    t0 = time.monotonic()
+    process.stop(1.0)
+    runner.join(timeout=30)
+    assert outcomes and outcomes[0].returncode == -signal.SIGKILL and time.monotonic() - t0 < 10

@@ -328,3 +328,38 @@ def test_the_survey_gives_each_engine_and_precision_its_verdict_per_machine_kind
             tensorrt["note"]
             == "this onnxruntime has no TensorrtExecutionProvider; pip install onnxruntime-gpu tensorrt"
         )
+
+
+def _cgroups(root, lines: str, files: dict[str, str]):
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "cgroup").write_text(lines)
+    for path, text in files.items():
+        (root / "sys" / "fs" / "cgroup" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sys" / "fs" / "cgroup" / path).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("lines", "files", "quota"),
+    [
+        # cgroup v2: the pod's limit on a parent, none on the container's own cgroup
+        ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/cpu.max": "150000 100000\n", "kubepods/pod1/c1/cpu.max": "max 100000\n"}, 1.5),
+        ("0::/\n", {"cpu.max": "200000 100000\n"}, 2.0),  # inside a namespace: the container's cgroup is the root
+        ("0::/a/b\n", {"a/cpu.max": "400000 100000\n", "a/b/cpu.max": "250000 100000\n"}, 2.5),  # the least
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),
+        # cgroup v1
+        ("4:cpu,cpuacct:/docker/x\n3:memory:/docker/x\n",
+         {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}, 3.0),
+        ("4:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
+        ("1:cpu:/\n", {}, None),  # no files: no quota known
+    ],
+)  # fmt: skip
+def test_the_cpu_quota_of_a_container_is_read_from_its_cgroups(tmp_path, lines, files, quota):
+    assert hardware.cpu_quota(_cgroups(tmp_path, lines, files)) == quota
+
+
+def test_threads_follow_the_quota_rounded_down_never_the_nodes_cores(monkeypatch):
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    for quota, cpus in ((None, 64), (2.0, 2), (1.5, 1), (0.5, 1), (128.0, 64)):
+        monkeypatch.setattr(hardware, "cpu_quota", lambda q=quota: q)
+        assert hardware.available_cpus() == cpus

@@ -162,3 +162,28 @@ def test_a_batch_file_in_utf16_is_recognised_and_its_requests_read(tmp_path):
     assert looks_like_batch(str(path))
     rows = _rows(_plan(path, fmt="openai-batch"), ["custom_id", "body"])
     assert [(r["custom_id"], json.loads(r["body"])) for r in rows] == [(x["custom_id"], x["body"]) for x in lines]
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_wide_encoding_without_a_mark_is_one_line_naming_the_encoding_to_set(tmp_path, codec, suffix):
+    """ASCII in UTF-16/32 without a byte-order mark is valid UTF-8 (its zeros are NULs): read as
+    UTF-8 it made a header of "i\\0d\\0" and rows that failed one by one. It is refused, naming
+    the encoding; declared, it reads."""
+    text = BODY if suffix == ".csv" else "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in
+                                                 [(1, "plain"), (2, "caf\u00e9"), (3, "\u00fcber")])  # fmt: skip
+    path = tmp_path / f"wide{suffix}"
+    path.write_bytes(text.encode(codec))
+    with pytest.raises(SourceError) as caught:
+        _plan(path)
+    assert str(caught.value) == (
+        f"{path}: the file looks like {codec.upper()} without a byte-order mark (its bytes are "
+        f"{'every other' if '16' in codec else 'three in four'} 0); read it with --input-encoding {codec} "
+        f'(source.encoding = "{codec}")'
+    )
+    assert [r["text"] for r in _rows(_plan(path, codec), ["id", "text"])] == ["plain", "caf\u00e9", "\u00fcber"]
+
+
+def test_a_utf8_file_with_a_nul_byte_is_not_taken_for_a_wide_encoding():
+    assert text_encoding.codec_of(b"id,text\n1,a\x00b\n2,plain text here\n", "auto", "f.csv") is None
+    assert text_encoding.codec_of("id\n".encode("utf-16-le"), "auto", "f.csv") is None  # 6 bytes: too few to tell

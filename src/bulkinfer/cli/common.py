@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..config import field_docs
-from ..core.errors import BulkinferError
+from ..core.errors import BulkinferError, Interrupted
 from ..core.hardware import quiet_tokenizers
 
 __all__ = ["LineFormat", "app", "fail", "fields_epilog", "prepare", "setup_logging", "split_list", "stored_config"]
@@ -34,6 +34,23 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .._version import __version__
+
+        typer.echo(f"bulkinfer {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Offline batch inference: big batches, exactly-once output, resume after any crash."""
 
 _CSV = {"help": "Comma-separated list."}
 
@@ -87,7 +104,8 @@ def stored_config(out: Path) -> tuple[dict[str, Any], list[str]]:
 
 
 def fail(exc: BulkinferError) -> typer.Exit:
-    typer.echo(f"bulkinfer: error: {exc}", err=True)
+    """The one line a user's error prints (a stop that a rerun resumes, exit 75, is not an error)."""
+    typer.echo(f"bulkinfer: {'stopped' if isinstance(exc, Interrupted) else 'error'}: {exc}", err=True)
     return typer.Exit(exc.exit_code)
 
 

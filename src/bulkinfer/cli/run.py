@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
 from ..config import load_config
+from ..config.sink import SINK_FORMAT
 from ..core.errors import BulkinferError, Interrupted
 from .common import (
     FeatureColumnsOption,
@@ -30,7 +31,7 @@ IdColumnFlag = Annotated[str | None, typer.Option(help="Row id column, copied to
 KeepColumnsFlag = Annotated[list[str] | None, typer.Option(help="Input columns copied to the output; comma-separated.")]
 OutputFlag = Annotated[str | None, typer.Option("--output", "-o", help="Output directory.")]
 OutputFormatFlag = Annotated[
-    str | None, typer.Option("--format", help="Output format: parquet, jsonl, csv or openai-batch.")
+    str | None, typer.Option("--format", help=f"Output format: {', '.join(get_args(SINK_FORMAT))}.")
 ]
 InputFormatFlag = Annotated[
     str | None,
@@ -80,6 +81,9 @@ IncrementalFromFlag = Annotated[
     typer.Option(help="An earlier output of this job: unchanged rows take their results from it."),
 ]
 DedupeFlag = Annotated[str | None, typer.Option(help="Infer identical inputs once: true, false or auto.")]
+MetricsPortFlag = Annotated[
+    int | None, typer.Option(help="Serve the run's Prometheus metrics on this port while it runs (0: any free port).")
+]
 
 FLAG_FIELDS = {
     "input": "source.paths",
@@ -111,6 +115,7 @@ FLAG_FIELDS = {
     "fail_on_drift": "monitor.fail_on_drift",
     "incremental_from": "source.previous",
     "dedupe": "runtime.dedupe",
+    "metrics_port": "metrics.port",
 }
 _COMMA_SEPARATED = {"feature_columns", "keep_columns"}
 
@@ -162,6 +167,7 @@ def run(
     fail_on_drift: FailOnDriftFlag = False,
     incremental_from: IncrementalFromFlag = None,
     dedupe: DedupeFlag = None,
+    metrics_port: MetricsPortFlag = None,
     quiet: QuietOption = False,
 ) -> None:
     """Run (or resume) a job: every input row is written exactly once to the output."""
@@ -177,14 +183,22 @@ def run(
             fields["source.paths"] = fields["source.paths"] or inputs
         cfg = load_config(config, fields, set_, base=base)
         result = run_job(cfg, retry_errors=retry_errors is not None)
-    except Interrupted as exc:
-        raise fail(exc) from None
     except BulkinferError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:
-        typer.echo("bulkinfer: interrupted; rerun the same command to resume", err=True)
+        typer.echo("bulkinfer: stopped: interrupted; rerun the same command to resume", err=True)
         raise typer.Exit(Interrupted.exit_code) from None
     _summary(result.report, str(result.output))
+
+
+def _rates(r: Mapping[str, Any]) -> str:
+    """The run's throughput as what it counts: rows the model ran per second, and rows written per
+    second where rows were written without running it (the gate's sample, duplicates, an earlier output)."""
+    inferred = f"{r['rows_per_s']:.1f} rows/s inferred"
+    written = r.get("rows_written_per_s", r["rows_per_s"])
+    reuse = r.get("reuse") or {}
+    reused = sum(reuse.get(k, 0) for k in ("rows_from_gate", "rows_deduplicated", "rows_from_previous"))
+    return inferred + (f" ({written:.1f} rows/s written, {reused} rows reused)" if reused else "")
 
 
 def _summary(r: Mapping[str, Any], output: str) -> None:
@@ -200,7 +214,7 @@ def _summary(r: Mapping[str, Any], output: str) -> None:
         return
     typer.echo(
         f"done: {r['rows_out']} rows written this run ({r['rows_already_done']} already committed) in "
-        f"{r['wall_s']:.1f} s, {r['rows_per_s']:.1f} rows/s -> {output}"
+        f"{r['wall_s']:.1f} s, {_rates(r)} -> {output}"
     )
     share = r["time_share"]
     typer.echo(

@@ -52,7 +52,7 @@ class RuntimeConfig(Section):
     sort_window: int = Field(default=2048, ge=1)
     """Rows sorted by length together to cut padding; order is restored before writing."""
     threads: int | None = Field(default=None, ge=1)
-    """Intra-op threads; default: the CPUs this process may use (os.sched_getaffinity)."""
+    """Intra-op threads; default: the CPUs this process may use (os.sched_getaffinity, at most its cgroup CPU quota)."""
     prefetch_batches: int = Field(default=8, ge=1)
     """Bounded queue depth between reading/tokenizing and inference."""
     batch_timeout_s: float | None = Field(default=None, gt=0)

@@ -8,11 +8,14 @@ from pydantic import Field
 
 from .section import Section
 
+SINK_FORMAT = Literal["parquet", "jsonl", "csv", "openai-batch", "delta"]
+"""The output formats (``sink.format``, ``run --format``)."""
+
 
 class SinkConfig(Section):
     path: str = ""
     """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
-    format: Literal["parquet", "jsonl", "csv", "openai-batch", "delta"] = "parquet"
+    format: SINK_FORMAT = "parquet"
     """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines;
     delta: the folder is a Delta Lake table, each part added in an idempotent commit."""
     keep_columns: list[str] = Field(default_factory=list)

@@ -30,6 +30,7 @@ __all__ = [
     "available_cpus",
     "confirm",
     "cpu",
+    "cpu_quota",
     "device_here",
     "emulated",
     "emulation_warning",
@@ -65,11 +66,64 @@ CPU_FEATURES = {
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (respects taskset, cgroups' cpusets)."""
+    """CPUs this process may use: those it may run on (taskset, cgroups' cpusets), at most its
+    CPU quota (a container's ``limits.cpu``: cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``)
+    rounded down, at least 1. A pod limited to 2 CPUs on a 64-core node gets 2 threads, not 64:
+    rounded up, a quota of 1.5 would run 2 threads throttled half the time."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(cpus, int(quota))) if quota is not None else cpus
+
+
+def cpu_quota(root: Path = Path("/")) -> float | None:
+    """The CPUs this process's cgroups allow (the least along its cgroup's path), or None for
+    no quota; ``root``: where ``proc/`` and ``sys/`` are (tests give a folder shaped like them)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            quotas += _along(root / "sys/fs/cgroup", path, _v2_quota)
+        elif "cpu" in controllers.split(","):
+            quotas += _along(root / "sys/fs/cgroup" / controllers, path, _v1_quota)
+    return min(quotas) if quotas else None
+
+
+def _along(mount: Path, path: str, read: Any) -> list[float]:
+    """Each quota from the cgroup ``path`` up to the mount's root (a container's own cgroup is
+    often the mount's root itself: its path outside is not visible inside)."""
+    found = []
+    here = mount / path.strip("/")
+    for folder in (here, *here.parents):
+        if folder == mount.parent:
+            break
+        quota = read(folder)
+        if quota is not None:
+            found.append(quota)
+    return found
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        limit, period = (folder / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else int(limit) / int(period)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        limit = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit <= 0 or period <= 0 else limit / period
 
 
 def parse_cpuinfo(text: str, arch: str) -> dict[str, Any]:
@@ -140,6 +194,7 @@ def cpu() -> dict[str, Any]:
         text = ""
     out = confirm(parse_cpuinfo(text, platform.machine()), _runtime_features())
     out["cpus"] = available_cpus()
+    out["cpu_quota"] = cpu_quota()
     return out
 
 

@@ -8,10 +8,11 @@ the same ids on both sides, drawn across the whole output.
 
 Per shared output column:
 
-* vectors: the cosine of each row's old and new vector (mean, min, p1, p5, p50, from a KLL
-  sketch), and the top-K neighbour overlap: for ``queries`` rows (the lowest id hashes), the
-  share of their K nearest neighbours (cosine, among the compared rows) found in both spaces.
-  Dimensions may differ (a new model): the overlap is still defined, the cosine is not.
+* vectors: the cosine of each row's old and new vector (mean, min, p1, p5, p50: exact up to a
+  million rows, then over the million whose ids hash lowest, the same every time), and the
+  top-K neighbour overlap: for ``queries`` rows (the lowest id hashes), the share of their K
+  nearest neighbours (cosine, among the compared rows) found in both spaces. Dimensions may
+  differ (a new model): the overlap is still defined, the cosine is not.
 * labels: agreement, the confusion matrix and, per class, rows that left it and joined it.
 * numbers: the mean shift, the mean absolute change per row, the KS statistic and the PSI
   of the new distribution against the old one.
@@ -42,9 +43,9 @@ from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..finished.read import Part, finished_output, normalise, part_batches, part_schema
 from ..report.columns import column_kind, summary
-from .compare_columns import Labels, Numbers, TopK, Vectors, ks_from_sketches, matrix, unit
+from .compare_columns import Labels, Numbers, TopK, Vectors, matrix, quantiles, unit
 
-__all__ = ["CompareSpec", "compare_outputs", "gate", "ks_from_sketches"]
+__all__ = ["CompareSpec", "compare_outputs", "gate"]
 
 _H = "__bulkinfer_hash"
 
@@ -243,6 +244,8 @@ def _pair(
             for n, k in kinds.items():
                 if k == "vector":
                     acc[n].add(ta.column(n), tb.column(n), h, spec.queries)
+                elif k == "number":
+                    acc[n].add(ta.column(n), tb.column(n), h)
                 else:
                     acc[n].add(ta.column(n), tb.column(n))
             if on_bucket:
@@ -263,7 +266,7 @@ def _vector_figures(v: Vectors, overlap: dict[str, Any]) -> dict[str, Any]:
     fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
     if v.cos is not None:
         s = summary(v.cos)
-        q = s["quantiles"] or {}
+        q = quantiles(v.sample.column()) or {}
         fig["cosine"] = {"mean": s["mean"], "min": s["min"], "p1": q.get("p1"), "p5": q.get("p5"), "p50": q.get("p50")}
     else:
         fig["cosine"] = None

@@ -1,7 +1,13 @@
 """The per-kind accumulators of ``bulkinfer compare``: each takes the joined rows of one
 column, batch by batch, and keeps what its figures need (vectors: cosine; top-K lists:
 overlap; labels: agreement and the confusion; numbers: differences and the two
-distributions' sketches), never the column whole."""
+distributions), never the column whole.
+
+Quantiles, KS and PSI come from a :class:`HashSample`: every compared row's value up to
+``EXACT_ROWS`` rows (the figures are then exact), beyond that the values of the rows whose id
+hashes lowest. Either way identical outputs give identical figures, run after run, which a
+``--fail-if`` gate needs (a KLL sketch's random compaction made p1 differ in the fourth digit).
+Means, minima and the absolute change are over every row."""
 
 from __future__ import annotations
 
@@ -12,10 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..report.columns import MAX_CLASSES, distribution, merge_distribution, sketch_of, summary
-from ..report.drift import psi_from_sketches
+from ..report.columns import MAX_CLASSES, QUANTILES, distribution, merge_distribution, summary
+from ..report.drift import DECILES, psi
 
-__all__ = ["Labels", "Numbers", "TopK", "Vectors", "ks_from_sketches", "matrix", "unit"]
+__all__ = ["EXACT_ROWS", "HashSample", "Labels", "Numbers", "TopK", "Vectors", "ks", "matrix", "unit"]
+
+EXACT_ROWS = 1_000_000
+"""Compared rows kept for quantiles, KS and PSI (8 bytes a value): exact up to this many."""
 
 
 def matrix(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -40,9 +49,44 @@ def unit(m: np.ndarray) -> np.ndarray:
     return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
 
 
+class HashSample:
+    """The values (``width`` per row) of at most ``limit`` rows: those whose id hashes lowest,
+    so the same rows whatever order the buckets come in."""
+
+    def __init__(self, width: int = 1, limit: int = EXACT_ROWS) -> None:
+        self.limit = limit
+        self.hashes = np.empty(0, np.uint64)
+        self.values = np.empty((0, width))
+
+    def add(self, hashes: np.ndarray, values: np.ndarray) -> None:
+        self.hashes = np.concatenate([self.hashes, hashes.astype(np.uint64)])
+        self.values = np.concatenate([self.values, values.reshape(len(hashes), -1)])
+        if len(self.hashes) > 2 * self.limit:  # trimmed now and then, not at every batch
+            self._trim()
+
+    def _trim(self) -> None:
+        if len(self.hashes) > self.limit:
+            keep = np.argsort(self.hashes, kind="stable")[: self.limit]
+            self.hashes, self.values = self.hashes[keep], self.values[keep]
+
+    def column(self, i: int = 0) -> np.ndarray:
+        """The kept rows' ``i``-th values, the finite ones."""
+        self._trim()
+        v = self.values[:, i]
+        return v[np.isfinite(v)]
+
+
+def quantiles(values: np.ndarray) -> dict[str, float] | None:
+    """p1 ... p99 as values of the sample (the lower one at a tie, as a sketch's inclusive rank)."""
+    if not len(values):
+        return None
+    return {name: float(np.quantile(values, q, method="inverted_cdf")) for name, q in QUANTILES.items()}
+
+
 class Vectors:
     def __init__(self) -> None:
         self.cos: dict[str, Any] | None = None
+        self.sample = HashSample()
         self.dims: tuple[int, int] | None = None
         self.invalid = 0
         self.queries: list[tuple[int, np.ndarray, np.ndarray]] = []  # (hash, old unit, new unit)
@@ -56,10 +100,12 @@ class Vectors:
             return
         self.dims = self.dims or (mo.shape[1], mn.shape[1])
         uo, un = unit(mo[both]), unit(mn[both])
-        if uo.shape[1] == un.shape[1]:
-            cos = distribution(np.einsum("ij,ij->i", uo, un))
-            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
         hb = h[both]
+        if uo.shape[1] == un.shape[1]:
+            values = np.einsum("ij,ij->i", uo, un)
+            cos = distribution(values)
+            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
+            self.sample.add(hb, values)
         for i in np.argsort(hb)[:n_queries]:
             self.queries.append((int(hb[i]), uo[i], un[i]))
         self.queries = sorted(self.queries, key=lambda q: q[0])[:n_queries]
@@ -136,8 +182,9 @@ class Numbers:
         self.new: dict[str, Any] | None = None
         self.abs_diff = 0.0
         self.paired = 0
+        self.sample = HashSample(width=2)
 
-    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray) -> None:
+    def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray, h: np.ndarray) -> None:
         a = old.to_numpy(zero_copy_only=False).astype(np.float64)
         b = new.to_numpy(zero_copy_only=False).astype(np.float64)
         da, db = distribution(a[np.isfinite(a)]), distribution(b[np.isfinite(b)])
@@ -146,33 +193,42 @@ class Numbers:
         both = np.isfinite(a) & np.isfinite(b)
         self.abs_diff += float(np.abs(a[both] - b[both]).sum())
         self.paired += int(both.sum())
+        self.sample.add(h, np.stack([a, b], axis=1))
 
     def figures(self) -> dict[str, Any]:
         if self.old is None or self.new is None:
             return {"kind": "number", "mean_shift": None, "mean_abs_diff": None, "ks": None, "psi": None}
         so, sn = summary(self.old), summary(self.new)
         shift = None if so["mean"] is None or sn["mean"] is None else sn["mean"] - so["mean"]
-        ko, kn = sketch_of(self.old), sketch_of(self.new)
+        a, b = self.sample.column(0), self.sample.column(1)
         return {
             "kind": "number",
             "mean_old": so["mean"],
             "mean_new": sn["mean"],
             "mean_shift": shift,
             "mean_abs_diff": self.abs_diff / self.paired if self.paired else None,
-            "ks": ks_from_sketches(ko, kn),
-            "psi": psi_from_sketches(ko, kn),
-            "quantiles_old": so["quantiles"],
-            "quantiles_new": sn["quantiles"],
+            "ks": ks(a, b),
+            "psi": _psi(a, b),
+            "quantiles_old": quantiles(a),
+            "quantiles_new": quantiles(b),
         }
 
 
-def ks_from_sketches(a: Any, b: Any) -> float | None:
-    """The two-sample Kolmogorov-Smirnov statistic, max |F_a(x) - F_b(x)|, evaluated at the
-    sketches' quantiles on a grid of 1/1000 (exact while the sketches hold every value)."""
-    if a is None or b is None or a.is_empty() or b.is_empty():
+def ks(a: np.ndarray, b: np.ndarray) -> float | None:
+    """The two-sample Kolmogorov-Smirnov statistic, max |F_a(x) - F_b(x)| over every value."""
+    if not len(a) or not len(b):
         return None
-    grid = [i / 1000 for i in range(1, 1001)]
-    points = sorted({float(s.get_quantile(q, inclusive=True)) for s in (a, b) for q in grid})
-    fa = np.asarray(a.get_cdf(points, inclusive=True)[:-1])
-    fb = np.asarray(b.get_cdf(points, inclusive=True)[:-1])
+    a, b = np.sort(a), np.sort(b)
+    points = np.concatenate([a, b])
+    fa = np.searchsorted(a, points, side="right") / len(a)
+    fb = np.searchsorted(b, points, side="right") / len(b)
     return float(np.abs(fa - fb).max())
+
+
+def _psi(old: np.ndarray, new: np.ndarray) -> float | None:
+    """PSI of the new values against the old over the old values' deciles."""
+    if not len(old) or not len(new):
+        return None
+    edges = np.unique(np.quantile(old, DECILES, method="inverted_cdf"))
+    a, b = (np.bincount(np.searchsorted(edges, v, side="left"), minlength=len(edges) + 1) / len(v) for v in (old, new))
+    return psi(list(a), list(b))

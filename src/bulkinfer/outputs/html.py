@@ -108,7 +108,7 @@ def _summary(run: Mapping[str, Any]) -> str:
         ("rows written", r["rows_out"]),
         ("rows failed", r["rows_failed"]),
         ("rows already committed before this run", r["rows_already_done"]),
-        ("throughput", _Raw(f"{num(r['rows_per_s'])} rows/s")),
+        ("throughput", _Raw(f"{num(r['rows_per_s'])} rows/s inferred, {num(_written(r))} rows/s written")),
         ("wall time", _Raw(f"{num(r['wall_s'])} s (set-up {num(r['setup_s'])} s)")),
         ("model", f"{model.get('kind', r.get('model_kind'))} {model.get('location', '')}"),
         ("engine / precision", f"{r.get('engine')} / {r.get('precision')}"),
@@ -127,6 +127,29 @@ def _summary(run: Mapping[str, Any]) -> str:
     return _table(facts)
 
 
+def _written(r: Mapping[str, Any]) -> float:
+    """Rows written per second (a report from before the split has only ``rows_per_s``)."""
+    return float(r.get("rows_written_per_s", r["rows_per_s"]))
+
+
+def _stages(r: Mapping[str, Any], charts: Charts) -> str:
+    """Where the time went: each stage's busy share (charted when any was measurable) and seconds."""
+    shares = r.get("time_share", {})
+    stage_rows = [(s, r["time_s"][s], 100 * shares[s]) for s in shares]
+    wait = [("inference waited for input (s)", r.get("wait_for_input_s"))]
+    if any(v >= 0.0005 for v in shares.values()):
+        stage_svg = charts.bars(list(shares), [100 * v for v in shares.values()], "Busy time per stage", unit="%")
+        caption = "Share of the run each stage was busy (stages overlap, so shares can add up to more than 100%)."
+        body = _chart(stage_svg, caption)
+    else:  # a remote Batch API's run: the work was done elsewhere, nothing here to chart
+        body = (
+            "<p>No stage of this run was busy here for a measurable share of it "
+            "(a remote Batch API did the work).</p>"
+        )
+    body += _table(stage_rows, ["stage", "busy s", "share %"]) + _table(wait)
+    return _section("Where the time went", f'<div class="row">{body}</div>', "stages")
+
+
 def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
     r = run["report"]
     out = [_section("Summary", _summary(run), "summary")]
@@ -139,21 +162,15 @@ def _run_sections(run: Mapping[str, Any], charts: Charts) -> list[str]:
             ys.append((n1 - n0) / (t1 - t0))
     if len(xs) >= 2:  # a line needs two points; one would be a dot that says less than the mean below
         svg = charts.line(xs, ys, "Throughput over time", "seconds since the run started", "rows/s")
-        body = _chart(svg, f"Rows written per second between commits; mean {num(r['rows_per_s'])} rows/s.")
+        body = _chart(svg, f"Rows written per second between commits; mean {num(_written(r))} rows/s.")
     else:
         commits = max(len(timeline) - 1, 0)
         body = (
             f"<p>{commits} commit(s): too few to chart the rate over time; the run's mean is "
-            f"{num(r['rows_per_s'])} rows/s.</p>"
+            f"{num(_written(r))} rows/s written.</p>"
         )
     out.append(_section("Throughput", body, "throughput"))
-    shares = r.get("time_share", {})
-    stage_svg = charts.bars(list(shares), [100 * v for v in shares.values()], "Busy time per stage", unit="%")
-    stage_rows = [(s, r["time_s"][s], 100 * shares[s]) for s in shares]
-    wait = [("inference waited for input (s)", r.get("wait_for_input_s"))]
-    caption = "Share of the run each stage was busy (stages overlap, so shares can add up to more than 100%)."
-    body = _chart(stage_svg, caption) + _table(stage_rows, ["stage", "busy s", "share %"]) + _table(wait)
-    out.append(_section("Where the time went", f'<div class="row">{body}</div>', "stages"))
+    out.append(_stages(r, charts))
 
     b = r.get("batches", {})
     hist = b.get("histogram") or {}

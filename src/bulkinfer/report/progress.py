@@ -70,10 +70,10 @@ class Progress:
         elif self.mode == "log" and time.perf_counter() - self._last_log >= self.interval:
             self._last_log = time.perf_counter()
             left = s.rows_planned - done
-            eta = left / rate if rate > 0 else float("nan")
+            eta = f"{left / rate:.0f}" if rate > 0 else "unknown"  # nothing done yet: no rate to divide by
             by_status = ",".join(f"{k}:{v}" for k, v in sorted(s.remote_batches.items()))
             extra = f" batches={by_status}" if by_status else ""
-            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%.0f%s", done, s.rows_planned, rate, eta, extra)
+            log.info("progress rows=%d/%d rows_per_s=%.1f eta_s=%s%s", done, s.rows_planned, rate, eta, extra)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

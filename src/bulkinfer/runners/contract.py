@@ -22,7 +22,7 @@ moved, so no row is inferred twice, and the two parts' names come from their fir
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..sources.shard import ShardOutput
 
@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from ..sinks import StagedOutput
     from ..sources import Shard
 
-__all__ = ["BatchTimeout", "Committing", "Emit", "Gate", "Runner", "ShardOutput", "Splittable", "publish_results"]
+__all__ = [
+    "BatchTimeout", "Committing", "Emit", "Gate", "Pass", "PassesTogether", "Runner", "ShardOutput", "Splittable",
+    "publish_results",
+]  # fmt: skip
 
 Emit = Callable[[ShardOutput], None]
 """Takes a finished shard (the local runner calls it from its writer thread)."""
@@ -105,6 +108,18 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+Pass = tuple["Sequence[Shard]", Committing, "frozenset[int] | None"]
+"""Shards, their committer and the rows of them to run (None: all): what ``run`` takes."""
+
+
+@runtime_checkable
+class PassesTogether(Protocol):
+    """A runner that takes several passes at once (``--retry-errors``' one per error file): the
+    remote Batch API, where running them one after another costs one completion window each."""
+
+    def run_passes(self, passes: Sequence[Pass]) -> None: ...
 
 
 class Splittable(Protocol):

@@ -95,7 +95,7 @@ class LocalRunner:
         verdict = gate()
         if verdict.rows is not None:  # the gate's rows, already inferred by this model: output rows
             self.reuse.seed(verdict.rows.inputs, verdict.rows.outputs)
-        self.stats.setup_split = {  # the model's export and int8 build (when not cached), its load, the gate
+        self.stats.setup_split |= {  # the model's export and int8 build (when not cached), its load, the gate
             **built,
             "load_s": t1 - t0 - sum(built.values()),
             "gate_s": time.perf_counter() - t1,

@@ -42,7 +42,7 @@ from ..precision.gate import GateVerdict
 from ..report import RunStats
 from ..sources import ROW, Shard, read_shard
 from ..sources.shard import ShardOutput
-from .contract import Committing, Gate
+from .contract import Committing, Gate, Pass
 from .window import row_id
 
 __all__ = ["RemoteBatchRunner"]
@@ -80,6 +80,7 @@ class RemoteBatchRunner:
         self.columns = list(dict.fromkeys([*adapter.input_columns, *self.passthrough]))
         self.types = {c: parse_type(t) for c, t in cfg.source.column_types.items()}
         self.client: Any = None
+        self.work: dict[int, tuple[Committing, frozenset[int] | None]] = {}  # shard -> its committer, its rows
 
     def start(self, gate: Gate) -> GateVerdict:
         from openai import OpenAI
@@ -109,14 +110,36 @@ class RemoteBatchRunner:
 
     # -- the runner contract ------------------------------------------------------------
     def run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None = None) -> None:
+        self.run_passes([(shards, commit, rows)])
+
+    def run_passes(self, passes: Sequence[Pass]) -> None:
+        """Every pass at once (``--retry-errors``: one per error file): their rows share batches
+        within the limits, and every batch is in flight together, so N error files cost one
+        completion window, not N."""
         import openai
 
+        self.work = {s.index: (commit, rows) for shards, commit, rows in passes for s in shards}
         try:
-            self._run(shards, commit, rows)
+            self._run([s for shards, _c, _r in passes for s in shards])
         except openai.AuthenticationError as exc:
             raise ConfigError(
                 f"model.api_key_env: the Batch API at {self.m.base_url} refused the key in {self.m.api_key_env} "
                 f"({exc.status_code}); committed rows are kept"
+            ) from exc
+        except openai.NotFoundError as exc:
+            if exc.request.method != "POST":  # a batch or file gone (expired): what a rerun can collect again
+                raise ModelError(
+                    f"the Batch API at {self.m.base_url}: {exc}; committed rows are kept, rerun to resume"
+                ) from exc
+            raise ConfigError(  # an API without the route that creates files or batches: the URL must change
+                f"model.base_url: {self.m.base_url} has no {exc.request.method} {exc.request.url.path} (404); give "
+                "the API's root, which for OpenAI-compatible servers ends in /v1; committed rows are kept"
+            ) from exc
+        except openai.BadRequestError as exc:  # the server does not take these requests as sent
+            raise ConfigError(
+                f"model.endpoint: the Batch API at {self.m.base_url} refused {exc.request.method} "
+                f"{exc.request.url.path} for {self.m.endpoint} (400: {_said(exc)}); check model.endpoint and "
+                "model.name; committed rows are kept"
             ) from exc
         except openai.APIError as exc:  # what retries could not fix: one line, committed rows kept, rerun resumes
             raise ModelError(
@@ -124,27 +147,28 @@ class RemoteBatchRunner:
                 "rerun to resume"
             ) from exc
 
-    def _run(self, shards: Sequence[Shard], commit: Committing, rows: frozenset[int] | None) -> None:
+    def _run(self, shards: Sequence[Shard]) -> None:
         state = self._intents()
-        groups = self._groups(shards, state, rows)
+        groups = self._groups(shards, state)
         pending: list[_Group] = []
         for g in groups:
             if self.stop.is_set():
                 break
-            self._submit(g, state, rows)
+            self._submit(g, state)
             pending.append(g)
         seen: dict[str, str] = {}  # batch id -> status, for the progress display
         while pending and not self.stop.is_set():
             for g in list(pending):
-                batch = self.client.batches.retrieve(g.record["batch_id"])
+                batch = self._answered(self.client.batches.retrieve(g.record["batch_id"]), "GET /batches/{id}")
                 seen[batch.id] = batch.status
                 self.stats.remote_batches = dict(Counter(seen.values()))
                 self.on_progress()
                 if batch.status in TERMINAL:
-                    self._collect(g, batch, commit, rows)
+                    self._collect(g, batch)
                     pending.remove(g)
                     del state["groups"][g.key]
                     self._save(state)
+                    self._delete_upload(g)
             if pending:
                 crash_point("remote-polled")
                 self.stop.wait(self.m.poll_s)
@@ -153,8 +177,13 @@ class RemoteBatchRunner:
                 self.client.batches.cancel(g.record["batch_id"])
                 log.info("cancelled remote batch %s (model.cancel_on_stop)", g.record["batch_id"])
 
-    def _groups(self, shards: Sequence[Shard], state: dict[str, Any], rows: frozenset[int] | None) -> list[_Group]:
-        """The groups recorded by an earlier run (their remaining shards), then new ones."""
+    def _rows(self, shard: Shard) -> frozenset[int] | None:
+        """The rows of ``shard`` to run (None: all of them; ``--retry-errors``: its failed ones)."""
+        return self.work[shard.index][1]
+
+    def _groups(self, shards: Sequence[Shard], state: dict[str, Any]) -> list[_Group]:
+        """The groups recorded by an earlier run (their remaining shards), then new ones, each
+        at most ``model.batch_max_requests`` requests."""
         by_index = {s.index: s for s in shards}
         groups, covered = [], set()
         for key, record in state["groups"].items():
@@ -165,29 +194,30 @@ class RemoteBatchRunner:
         fresh: list[Shard] = []
         count = 0
         for s in (s for s in shards if s.index not in covered):
+            rows = self._rows(s)
             n = len(rows) if rows is not None else s.num_rows
             if fresh and count + n > self.m.batch_max_requests:
-                groups.append(self._new(fresh, state, rows))
+                groups.append(self._new(fresh, state))
                 fresh, count = [], 0
             fresh.append(s)
             count += n
         if fresh:
-            groups.append(self._new(fresh, state, rows))
+            groups.append(self._new(fresh, state))
         return groups
 
-    def _new(self, shards: list[Shard], state: dict[str, Any], rows: frozenset[int] | None) -> _Group:
+    def _new(self, shards: list[Shard], state: dict[str, Any]) -> _Group:
         first = shards[0].index
-        key = f"g{first}" if rows is None else f"retry{first}-{secrets.token_hex(3)}"
+        key = f"g{first}" if self._rows(shards[0]) is None else f"retry{first}-{secrets.token_hex(3)}"
         record = {"tag": f"bulkinfer-{state['run']}-{key}", "shards": [s.index for s in shards],
                   "file_id": None, "batch_id": None}  # fmt: skip
         return _Group(key, shards, record)
 
     # -- send -----------------------------------------------------------------------------
-    def _requests(self, g: _Group, rows: frozenset[int] | None) -> bytes:
+    def _requests(self, g: _Group) -> bytes:
         """The group's request file (a row that makes no request is left out: it becomes an
         error record when the group's results are collected)."""
         lines = []
-        for shard, table in self._read(g.shards, rows, []):
+        for shard, table in self._read(g.shards, []):
             numbers = table.column(ROW).to_pylist()
             for pos, row in enumerate(table.select(self.adapter.input_columns).to_pylist()):
                 try:
@@ -204,7 +234,7 @@ class RemoteBatchRunner:
             )
         return data
 
-    def _submit(self, g: _Group, state: dict[str, Any], rows: frozenset[int] | None) -> None:
+    def _submit(self, g: _Group, state: dict[str, Any]) -> None:
         """Make sure the group's batch exists: found again, or created (its intent recorded first)."""
         r = g.record
         if r["batch_id"] is None and g.key in state["groups"]:  # killed before the id was recorded
@@ -216,9 +246,9 @@ class RemoteBatchRunner:
         self._save(state)
         crash_point("remote-intent")
         if r["file_id"] is None:
-            data = self._requests(g, rows)
+            data = self._requests(g)
             upload = self.client.files.create(file=(f"{r['tag']}.jsonl", data), purpose="batch")
-            r["file_id"] = upload.id
+            r["file_id"] = self._answered(upload, "the upload (POST /files)").id
             self._save(state)
             crash_point("remote-uploaded")
         r["batch_id"] = self._create(r)
@@ -239,7 +269,7 @@ class RemoteBatchRunner:
                     metadata={"bulkinfer_tag": r["tag"]},
                 )  # fmt: skip
                 crash_point("remote-created")
-                return str(batch.id)
+                return str(self._answered(batch, "the batch's creation (POST /batches)").id)
             except openai.RateLimitError as exc:  # refused before anything was made
                 why: Exception = exc
             except (openai.APIConnectionError, openai.InternalServerError) as exc:
@@ -251,22 +281,46 @@ class RemoteBatchRunner:
             self.stop.wait(min(30.0, 0.5 * 2**attempt))
         raise ModelError(f"the Batch API at {self.m.base_url} did not create a batch in {attempts} tries: {why}")
 
+    def _answered(self, answer: Any, what: str) -> Any:
+        """``answer`` when it is the object the API was asked for; a 200 of something else (an
+        HTML page from a proxy or a login wall, which the client hands back as text) is one
+        line naming the URL: no rerun can fix it."""
+        if hasattr(answer, "id"):
+            return answer
+        shown = " ".join(str(answer).split())[:80]
+        raise ConfigError(
+            f"model.base_url: {self.m.base_url} answered {what} with something that is not the Batch API's "
+            f"JSON ({shown!r}...): a proxy or a login page? check model.base_url; committed rows are kept"
+        )
+
     def _find(self, tag: str) -> str | None:
         """The batch created for ``tag`` by a run that died before recording its id."""
         for batch in self.client.batches.list(limit=100):
+            batch = self._answered(batch, "GET /batches")
             if (batch.metadata or {}).get("bulkinfer_tag") == tag:
                 log.info("found remote batch %s again (created before a crash)", batch.id)
                 return str(batch.id)
         return None
 
     # -- collect --------------------------------------------------------------------------
-    def _collect(self, g: _Group, batch: Any, commit: Committing, rows: frozenset[int] | None) -> None:
+    def _delete_upload(self, g: _Group) -> None:
+        """The group's request file, deleted from the provider once its results are committed
+        (it holds the job's inputs; a failed delete is logged, the file expires there)."""
+        import openai
+
+        try:
+            self.client.files.delete(g.record["file_id"])
+        except openai.APIError as exc:
+            log.warning("remote batch file %s not deleted (%s); delete it by hand", g.record["file_id"], exc)
+
+    def _collect(self, g: _Group, batch: Any) -> None:
         answers, failures = self._results(batch)
         why = _status_error(batch)
         prompt = completion = 0
         for one in g.shards:
+            commit = self.work[one.index][0]
             errors: list[ErrorRecord] = []
-            read = list(self._read([one], rows, errors))
+            read = list(self._read([one], errors))
             if not read:
                 commit(ShardOutput(one, pa.table({}), errors))
                 continue
@@ -342,11 +396,9 @@ class RemoteBatchRunner:
                 time.sleep(min(8, 2**attempt))
         raise ModelError(f"result file {file_id}: every download arrived cut short; rerun to collect it again")
 
-    def _read(
-        self, shards: list[Shard], rows: frozenset[int] | None, errors: list[ErrorRecord]
-    ) -> Iterator[tuple[Shard, pa.Table]]:
-        """Each shard's rows (only ``rows`` when given), with their numbers; unreadable rows become
-        ``errors``."""
+    def _read(self, shards: list[Shard], errors: list[ErrorRecord]) -> Iterator[tuple[Shard, pa.Table]]:
+        """Each shard's rows (only its rows to run, :meth:`_rows`), with their numbers; unreadable
+        rows become ``errors``."""
         src = self.cfg.source
         for shard in shards:
 
@@ -355,12 +407,20 @@ class RemoteBatchRunner:
 
             batches = list(read_shard(shard, self.columns, src.read_batch_rows, bad, self.types, src.max_record_bytes))
             table = pa.Table.from_batches(batches) if batches else None
+            rows = self._rows(shard)
             if table is None:
                 continue
             if rows is not None:
                 keep = [i for i, r in enumerate(table.column(ROW).to_pylist()) if r in rows]
                 table = table.take(pa.array(keep, pa.int64()))
             yield shard, table
+
+
+def _said(exc: Any) -> str:
+    """The message an API error's body gives (OpenAI's ``error.message``), else its text."""
+    body = exc.body if isinstance(getattr(exc, "body", None), dict) else {}
+    message = body.get("message") or (body.get("error") or {}).get("message") if body else None
+    return " ".join(str(message or exc).split())[:200]
 
 
 def _status_error(batch: Any) -> str | None:

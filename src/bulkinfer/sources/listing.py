@@ -59,7 +59,7 @@ def fingerprint(
     except Exception as exc:  # planning reports it as a problem of this file; the job goes on with the others
         why = str(getattr(exc, "strerror", None) or exc)  # (OSError, or what a store's client raised)
         return InputFile(uri=uri, format=fmt, size=size, version=version, digest="", unreadable=why)
-    codec = codec_of(head, encoding) if fmt in LINE_FORMATS else None
+    codec = codec_of(head, encoding, uri) if fmt in LINE_FORMATS else None
     f = InputFile(uri=uri, format=fmt, size=size, version=version, digest=h.hexdigest()[:32], encoding=codec)
     if fmt == "parquet":
         keep_footer(f, tail)

@@ -33,7 +33,7 @@ from ..core.batching import bisect_call
 from ..core.errors import ConfigError
 from ..precision.gate import sample_figures
 from ..precision.settle import after_gate, settle
-from .session import pyspark_module
+from .session import pyspark_module, workers_python
 
 __all__ = ["predict"]
 
@@ -97,6 +97,7 @@ def predict(
 
     with warnings.catch_warnings():  # PySpark's note on the pandas version: its pandas API is not used
         warnings.simplefilter("ignore", FutureWarning)
+        workers_python(df.sparkSession)
         return df.mapInArrow(run, schema)
 
 

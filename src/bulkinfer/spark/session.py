@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["pyspark_module", "spark_session"]
+__all__ = ["pyspark_module", "spark_session", "workers_python"]
 
 log = logging.getLogger("bulkinfer")
 
@@ -82,3 +82,21 @@ def spark_session(master: str | None, conf: Mapping[str, str], task_cpus: int | 
         ) from exc
     log.info("spark: %s (%d task slot(s))", session.sparkContext.master, session.sparkContext.defaultParallelism)
     return session, True
+
+
+def workers_python(session: Any) -> None:
+    """The Python a running session's workers start for bulkinfer's tasks: on a local master,
+    this interpreter unless ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` names one (PySpark's
+    default, ``python3``, is the system's, without bulkinfer, pyarrow or the model: the job
+    would fail deep in Py4J); on a cluster the workers' Python must be named, or one line says so."""
+    sc = session.sparkContext
+    named = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python", None)
+    if named:
+        return
+    if sc.master.startswith("local"):
+        sc.pythonExec = sys.executable  # read when each Python function is made: the tasks made after this
+        return
+    raise ConfigError(
+        f"PYSPARK_PYTHON: the Spark master {sc.master!r} starts its Python workers with the default python3; set "
+        "PYSPARK_PYTHON (or spark.pyspark.python) to the workers' Python that has bulkinfer installed"
+    )
