@@ -107,7 +107,7 @@ def test_the_openai_client_moderates_text_lists_and_pictures_as_the_spec_says(se
     [
         ({"input": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
          "input[0].image_url.url", "expected a data URL"),
-        ({"input": "x", "model": "omni-moderation-latest"}, "model", "this job runs 'text\\+pic'"),
+
         ({"input": []}, "input", "expected a string, a list of strings"),
         ({"input": "x", "temperature": 0}, "temperature", "not a field of a moderations request"),
     ],
@@ -118,6 +118,13 @@ def test_bad_requests_are_400s_naming_the_field(server, body, param, message):
     error = answer.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert re.search(message, error["message"]), error["message"]
+
+
+def test_a_model_the_job_does_not_run_is_a_404_model_not_found(server):
+    answer = httpx.post(f"{server.url}/v1/moderations", json={"input": "x", "model": "omni-moderation-latest"})
+    assert answer.status_code == 404 and openai_schema_errors("ErrorResponse", answer.json()) == []
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == ("model", "model_not_found") and "this job runs 'text+pic'" in error["message"]
     assert openai_schema_errors("ErrorResponse", answer.json()) == []
 
 

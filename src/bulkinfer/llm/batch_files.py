@@ -69,9 +69,11 @@ def error_line(record: ErrorRecord) -> dict[str, Any]:
         line = None if record.row is None else record.row + 1
         error = {"code": "invalid_request_line", "message": record.message, "line": line, "param": None}
         return {"id": rid, "custom_id": None, "response": None, "error": error}
-    bad = record.error_type == "BadRequest"
-    status, kind = (400, "invalid_request_error") if bad else (500, "server_error")
-    body = {"error": {"message": record.message, "type": kind, "param": None, "code": None}}
+    missing = record.error_type == "ModelNotFound"  # as online: a 404 model_not_found
+    bad = missing or record.error_type == "BadRequest"
+    status, kind = (404 if missing else 400, "invalid_request_error") if bad else (500, "server_error")
+    code = "model_not_found" if missing else None
+    body = {"error": {"message": record.message, "type": kind, "param": "model" if missing else None, "code": code}}
     response = {"status_code": status, "request_id": request_id("req", cid), "body": body}
     return {"id": rid, "custom_id": cid, "response": response, "error": None}
 

@@ -64,6 +64,13 @@ class BadRequest(ValueError):
         self.param, self.code = param, code
 
 
+class ModelNotFound(BadRequest):
+    """A request naming a model the job does not run: HTTP 404 ``model_not_found``, as OpenAI answers it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "model", "model_not_found")
+
+
 @dataclass(frozen=True)
 class GenRequest:
     """A generation request, checked: the chat messages or the prompt, and how to sample."""
@@ -245,11 +252,7 @@ def check_model(body: Mapping[str, Any], names: Sequence[str]) -> None:
     if model is None:
         raise BadRequest(f"model: missing; this job runs {names[0]!r} (as the API, a request names its model)", "model")
     if model not in names:
-        raise BadRequest(
-            f"model: this job runs {names[0]!r}; the request asks for {model!r}",
-            "model",
-            "model_not_found",
-        )
+        raise ModelNotFound(f"model: this job runs {names[0]!r}; the request asks for {model!r}")
 
 
 def completion_body(

@@ -30,6 +30,7 @@ class StoredFile:
     purpose: str
     owner: str | None  # the API key id that created it (None: the server has no keys)
     expires_at: int | None = None
+    created_ns: int = 0  # orders files made within one second (created_at is whole seconds, as OpenAI's)
 
     def public(self) -> dict[str, Any]:
         """The OpenAI File object."""
@@ -107,7 +108,9 @@ class FileStore:
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            return self._keep(tmp, StoredFile(fid, size, int(time.time()), filename, purpose, owner, expires_at))
+            now = time.time_ns()
+            stored = StoredFile(fid, size, now // 10**9, filename, purpose, owner, expires_at, now)
+            return self._keep(tmp, stored)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -122,7 +125,8 @@ class FileStore:
         tmp = self.dir / f".{fid}.part"
         try:
             link_or_copy(path, tmp)
-            stored = StoredFile(fid, tmp.stat().st_size, int(time.time()), filename, purpose, owner, expires_at)
+            now = time.time_ns()
+            stored = StoredFile(fid, tmp.stat().st_size, now // 10**9, filename, purpose, owner, expires_at, now)
             return self._keep(tmp, stored)
         finally:
             tmp.unlink(missing_ok=True)
@@ -147,7 +151,7 @@ class FileStore:
         with self._lock:
             files = [f for f in self._files.values() if f.owner == owner and not _expired(f, now)]
         files = [f for f in files if purpose is None or f.purpose == purpose]
-        return sorted(files, key=lambda f: (f.created_at, f.id), reverse=not ascending)
+        return sorted(files, key=lambda f: (f.created_at, f.created_ns, f.id), reverse=not ascending)
 
     def held_bytes(self, owner: str | None) -> int:
         return sum(f.bytes for f in self.owned_by(owner))

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..llm.openai_api import CHAT, BadRequest, generation_request, request_id
-from .validation import ApiError, read_body
+from .validation import ApiError, bad_request, read_body
 
 if TYPE_CHECKING:
     from .server import Server
@@ -31,8 +31,7 @@ async def generate(server: Server, request: Request, url: str) -> Response:
     try:
         req = generation_request(url, body, server.adapter.names)  # type: ignore[attr-defined]
     except BadRequest as exc:
-        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
-                       param=exc.param, code=exc.code) from None  # fmt: skip
+        raise bad_request(exc) from None
     cid = uuid.uuid4().hex
     asked = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     row = {"custom_id": cid, "method": "POST", "url": url, "body": json.dumps(asked), "line_error": None}

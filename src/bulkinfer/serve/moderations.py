@@ -12,7 +12,7 @@ from starlette.responses import Response
 from ..adapters.moderation_requests import request_table
 from ..llm.moderation import moderation_body, moderation_rows
 from ..llm.openai_api import BadRequest
-from .validation import ApiError, JSONResponse, read_body
+from .validation import JSONResponse, bad_request, read_body
 
 if TYPE_CHECKING:
     from .server import Server
@@ -27,8 +27,7 @@ async def moderations(server: Server, request: Request) -> Response:
     try:
         rows = moderation_rows(body, server.model_names, mod, server.sv.max_image_bytes)
     except BadRequest as exc:
-        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
-                       param=exc.param, code=exc.code) from None  # fmt: skip
+        raise bad_request(exc) from None
     table = request_table(rows, mod, server.adapter.input_columns)
     answer = await server.infer(table, rows="input")
     for name, column in answer.columns.items():

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ..adapters import to_numpy_column
 from ..llm.openai_api import BadRequest, embeddings_body, embeddings_inputs
-from .validation import ApiError, JSONResponse, read_body
+from .validation import JSONResponse, bad_request, read_body
 
 if TYPE_CHECKING:
     from .server import Server
@@ -26,8 +26,7 @@ async def embeddings(server: Server, request: Request) -> Response:
     try:
         texts, fmt = embeddings_inputs(body, server.model_names, getattr(server.adapter, "dimension", None))
     except BadRequest as exc:  # as a Batch file's line with the same body is refused: a 400 naming the field
-        raise ApiError(404 if exc.code == "model_not_found" else 400, str(exc), "invalid_request",
-                       param=exc.param, code=exc.code) from None  # fmt: skip
+        raise bad_request(exc) from None
     text_column = server.adapter.input_columns[0]
     table = server.check_rows([{text_column: t} for t in texts])
     answer = await server.infer(table, rows="input")

@@ -12,7 +12,7 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["ApiError", "JSONResponse", "check_rows", "error_type", "live_inputs", "read_body"]
+__all__ = ["ApiError", "JSONResponse", "bad_request", "check_rows", "error_type", "live_inputs", "read_body"]
 
 NUMERIC_KINDS = ("tabular", "onnx")
 
@@ -43,6 +43,13 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"message": self.message, "type": error_type(self.status), "param": self.param,
                 "code": self.code or self.kind}  # fmt: skip
+
+
+def bad_request(exc: Any) -> ApiError:
+    """A request refused by the OpenAI-request checks (``llm.openai_api.BadRequest``): a 400
+    naming the field, or OpenAI's 404 ``model_not_found`` for a model the job does not run."""
+    status = 404 if exc.code == "model_not_found" else 400
+    return ApiError(status, str(exc), "invalid_request", param=exc.param, code=exc.code)
 
 
 def error_type(status: int) -> str:
