@@ -42,8 +42,8 @@ from ..core.layout import result_columns
 from ..core.records import decode_records
 from ..core.storage import read_whole
 from ..finished.read import Part, finished_output, normalise, part_batches, part_schema
-from ..report.columns import column_kind, summary
-from .compare_columns import Labels, Numbers, TopK, Vectors, matrix, quantiles, unit
+from ..report.columns import column_kind
+from .compare_columns import Labels, Numbers, TopK, Vectors, matrix, mean_of, quantiles, unit
 
 __all__ = ["CompareSpec", "compare_outputs", "gate"]
 
@@ -265,9 +265,9 @@ def _vector_figures(v: Vectors, overlap: dict[str, Any]) -> dict[str, Any]:
     the neighbour overlap."""
     fig: dict[str, Any] = {"kind": "vector", "dims": list(v.dims) if v.dims else None, "invalid": v.invalid}
     if v.cos is not None:
-        s = summary(v.cos)
         q = quantiles(v.sample.column()) or {}
-        fig["cosine"] = {"mean": s["mean"], "min": s["min"], "p1": q.get("p1"), "p5": q.get("p5"), "p50": q.get("p50")}
+        fig["cosine"] = {"mean": mean_of(v.cos), "min": v.cos["min"], "p1": q.get("p1"), "p5": q.get("p5"),
+                         "p50": q.get("p50")}  # fmt: skip
     else:
         fig["cosine"] = None
         if v.dims and v.dims[0] != v.dims[1]:

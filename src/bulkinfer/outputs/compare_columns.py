@@ -18,10 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..report.columns import MAX_CLASSES, QUANTILES, distribution, merge_distribution, summary
+from ..report.columns import MAX_CLASSES, QUANTILES, merge_moments, moments
 from ..report.drift import DECILES, psi
 
-__all__ = ["EXACT_ROWS", "HashSample", "Labels", "Numbers", "TopK", "Vectors", "ks", "matrix", "unit"]
+__all__ = [
+    "EXACT_ROWS", "HashSample", "Labels", "Numbers", "TopK", "Vectors", "ks", "matrix", "mean_of", "quantiles", "unit",
+]  # fmt: skip
 
 EXACT_ROWS = 1_000_000
 """Compared rows kept for quantiles, KS and PSI (8 bytes a value): exact up to this many."""
@@ -83,9 +85,20 @@ def quantiles(values: np.ndarray) -> dict[str, float] | None:
     return {name: float(np.quantile(values, q, method="inverted_cdf")) for name, q in QUANTILES.items()}
 
 
+def _merged(total: dict[str, Any] | None, values: np.ndarray) -> dict[str, Any]:
+    """``total``'s moments with ``values``' (None: ``values``' alone)."""
+    part = moments(values)
+    return part if total is None else merge_moments(total, part)
+
+
+def mean_of(m: dict[str, Any] | None) -> float | None:
+    """The mean ``moments`` hold (None: no value)."""
+    return float(m["mean"]) if m is not None and m["n"] else None
+
+
 class Vectors:
     def __init__(self) -> None:
-        self.cos: dict[str, Any] | None = None
+        self.cos: dict[str, Any] | None = None  # the cosines' moments (their quantiles: ``sample``)
         self.sample = HashSample()
         self.dims: tuple[int, int] | None = None
         self.invalid = 0
@@ -103,8 +116,7 @@ class Vectors:
         hb = h[both]
         if uo.shape[1] == un.shape[1]:
             values = np.einsum("ij,ij->i", uo, un)
-            cos = distribution(values)
-            self.cos = cos if self.cos is None else merge_distribution(self.cos, cos)
+            self.cos = _merged(self.cos, values)
             self.sample.add(hb, values)
         for i in np.argsort(hb)[:n_queries]:
             self.queries.append((int(hb[i]), uo[i], un[i]))
@@ -178,7 +190,7 @@ def _text(v: Any) -> str:
 
 class Numbers:
     def __init__(self) -> None:
-        self.old: dict[str, Any] | None = None
+        self.old: dict[str, Any] | None = None  # each side's moments (quantiles, KS, PSI: ``sample``)
         self.new: dict[str, Any] | None = None
         self.abs_diff = 0.0
         self.paired = 0
@@ -187,9 +199,7 @@ class Numbers:
     def add(self, old: pa.ChunkedArray, new: pa.ChunkedArray, h: np.ndarray) -> None:
         a = old.to_numpy(zero_copy_only=False).astype(np.float64)
         b = new.to_numpy(zero_copy_only=False).astype(np.float64)
-        da, db = distribution(a[np.isfinite(a)]), distribution(b[np.isfinite(b)])
-        self.old = da if self.old is None else merge_distribution(self.old, da)
-        self.new = db if self.new is None else merge_distribution(self.new, db)
+        self.old, self.new = _merged(self.old, a[np.isfinite(a)]), _merged(self.new, b[np.isfinite(b)])
         both = np.isfinite(a) & np.isfinite(b)
         self.abs_diff += float(np.abs(a[both] - b[both]).sum())
         self.paired += int(both.sum())
@@ -198,13 +208,13 @@ class Numbers:
     def figures(self) -> dict[str, Any]:
         if self.old is None or self.new is None:
             return {"kind": "number", "mean_shift": None, "mean_abs_diff": None, "ks": None, "psi": None}
-        so, sn = summary(self.old), summary(self.new)
-        shift = None if so["mean"] is None or sn["mean"] is None else sn["mean"] - so["mean"]
+        mean_old, mean_new = mean_of(self.old), mean_of(self.new)
+        shift = None if mean_old is None or mean_new is None else mean_new - mean_old
         a, b = self.sample.column(0), self.sample.column(1)
         return {
             "kind": "number",
-            "mean_old": so["mean"],
-            "mean_new": sn["mean"],
+            "mean_old": mean_old,
+            "mean_new": mean_new,
             "mean_shift": shift,
             "mean_abs_diff": self.abs_diff / self.paired if self.paired else None,
             "ks": ks(a, b),

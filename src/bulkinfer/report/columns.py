@@ -32,6 +32,8 @@ __all__ = [
     "describe",
     "distribution",
     "merge_distribution",
+    "merge_moments",
+    "moments",
     "sketch_of",
     "summary",
     "vector_of",
@@ -64,7 +66,8 @@ def column_kind(t: pa.DataType) -> str:
 
 
 # -- moments: (n, mean, M2, min, max), merged exactly (Chan et al.) ----------------------
-def _moments(values: np.ndarray) -> dict[str, Any]:
+def moments(values: np.ndarray) -> dict[str, Any]:
+    """Count, mean, M2, min and max of finite ``values``, mergeable exactly (:func:`merge_moments`)."""
     if not len(values):
         return {"n": 0, "mean": 0.0, "m2": 0.0, "min": None, "max": None}
     mean = float(values.mean())
@@ -77,7 +80,7 @@ def _moments(values: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _merge_moments(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+def merge_moments(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     if not b["n"]:
         return dict(a)
     if not a["n"]:
@@ -98,13 +101,13 @@ def distribution(values: np.ndarray) -> dict[str, Any]:
     sk = _sketch()
     if len(values):
         sk.update(values)
-    return {"moments": _moments(values), "sketch": base64.b64encode(sk.serialize()).decode()}
+    return {"moments": moments(values), "sketch": base64.b64encode(sk.serialize()).decode()}
 
 
 def merge_distribution(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     sk = _sketch(a["sketch"])
     sk.merge(_sketch(b["sketch"]))
-    return {"moments": _merge_moments(a["moments"], b["moments"]), "sketch": base64.b64encode(sk.serialize()).decode()}
+    return {"moments": merge_moments(a["moments"], b["moments"]), "sketch": base64.b64encode(sk.serialize()).decode()}
 
 
 def summary(dist: Mapping[str, Any]) -> dict[str, Any]:
