@@ -56,7 +56,7 @@ DOCS = {
     "bulkinfer_job_cpu_seconds": "CPU seconds this process used (user and system).",
     "bulkinfer_job_gate_passed": "1 when the quality gate passed, 0 when it failed (absent without a gate).",
     "bulkinfer_job_start_timestamp_seconds": "When the run started.",
-    "bulkinfer_job_last_commit_timestamp_seconds": "When a shard was last committed (seen at a scrape or push).",
+    "bulkinfer_job_last_commit_timestamp_seconds": "When this run last committed a shard.",
     "bulkinfer_job_deadline_timestamp_seconds": "When the job must be done (metrics.deadline).",
     "bulkinfer_job_exit_code": "The run's exit status once it ended (0 done, 1 failed, 75 stopped).",
     "bulkinfer_job_end_timestamp_seconds": "When the run ended.",
@@ -73,8 +73,6 @@ class _Collector:
         self.stats, self.cfg, self.labels = stats, cfg, dict(labels)
         self.status: str | None = None  # set once the run ended
         self.ended: float | None = None
-        self.last_commit: float | None = None
-        self._commits = 0
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -88,8 +86,6 @@ class _Collector:
 
     def _progress(self) -> Iterator[Figure]:
         s = self.stats
-        if s.shards_committed != self._commits:  # a commit since the last look: when it happened, roughly
-            self._commits, self.last_commit = s.shards_committed, time.time()
         done = s.rows_already_done + s.rows_out + s.rows_failed
         rate = s.rows_inferred / max(s.run_s, 1e-9) if s.running_since else 0.0
         yield "bulkinfer_job_rows_planned", s.rows_planned, {}
@@ -114,8 +110,9 @@ class _Collector:
         if s.quality is not None:
             yield "bulkinfer_job_gate_passed", float(bool(s.quality.get("passed"))), {}
         yield "bulkinfer_job_start_timestamp_seconds", time.time() - s.wall_s, {}
-        if self.last_commit is not None:
-            yield "bulkinfer_job_last_commit_timestamp_seconds", self.last_commit, {}
+        if s.timeline:  # (seconds since the run started, rows) at each commit: the last one's wall time
+            since = time.perf_counter() - s.started - s.timeline[-1][0]
+            yield "bulkinfer_job_last_commit_timestamp_seconds", time.time() - since, {}
         if self.cfg.metrics.deadline:
             yield "bulkinfer_job_deadline_timestamp_seconds", deadline_timestamp(self.cfg.metrics.deadline), {}
         if self.status is not None and self.ended is not None:
@@ -149,10 +146,6 @@ class RunMetrics:
         if self.m.pushgateway:
             self._pusher = thread(self._push_every, name="bulkinfer-metrics-push")
             self._pusher.start()
-
-    @property
-    def port(self) -> int | None:
-        return int(self._server.server_port) if self._server is not None else None
 
     def finish(self, status: str) -> None:
         """The run ended: its status in the metrics, one last push, the scrape server closed."""
