@@ -157,7 +157,7 @@ def compare(
     """Compare two outputs row by row (cosine, top-K overlap, label agreement, KS, PSI), or an
     output's routing rule with its reviewers' decisions (--reviews); gate a rollout."""
     prepare(quiet)
-    from ..outputs.compare import CompareSpec, compare_outputs, gate, summary_lines
+    from ..outputs.compare import CompareSpec, compare_outputs, summary_lines
 
     spec = CompareSpec(id_column, tuple(split_list(column) or ()), sample, k, queries)
     try:
@@ -168,28 +168,33 @@ def compare(
             return
         assert new is not None
         result = compare_outputs(old, new, spec)
-        failed, read = gate(fail_if, result["figures"]) if fail_if else (False, {})
+        failed, read = _gated(result, result["figures"], fail_if)
     except BulkinferError as exc:
         raise fail(exc) from None
-    if fail_if:
-        result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
     typer.echo(json.dumps(result, indent=1) if as_json else "\n".join(summary_lines(result)))
     _gate_verdict(fail_if, failed, read, f"keep {old} in production", as_json)
 
 
 def _compare_reviews(out: str, route: str, fail_if: str | None, as_json: bool) -> None:
     """``compare OUT --reviews ROUTE``: the rule against its reviewers, gated by ``fail_if``."""
-    from ..outputs.compare import gate
     from ..outputs.review_rows import gate_figures, reviewed
 
     result = reviewed(out, route)
-    figures = gate_figures(result)
-    failed, read = gate(fail_if, figures) if fail_if else (False, {})
-    result["figures"] = figures
-    if fail_if:
-        result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
+    result["figures"] = gate_figures(result)
+    failed, read = _gated(result, result["figures"], fail_if)
     _print_review(result, as_json)
     _gate_verdict(fail_if, failed, read, "the rule needs work before it runs unreviewed", as_json)
+
+
+def _gated(result: dict[str, Any], figures: dict[str, Any], fail_if: str | None) -> tuple[bool, dict[str, Any]]:
+    """Whether ``fail_if`` holds for ``figures`` and the figures it read, noted in ``result``'s ``gate``."""
+    from ..outputs.compare import gate
+
+    if not fail_if:
+        return False, {}
+    failed, read = gate(fail_if, figures)
+    result["gate"] = {"fail_if": fail_if, "failed": failed, "figures": read}
+    return failed, read
 
 
 def _gate_verdict(fail_if: str | None, failed: bool, read: dict[str, Any], advice: str, as_json: bool) -> None:

@@ -116,7 +116,7 @@ def review_figures(
     for at in range(rows.sent):
         rule = sent_by(config, route, rows.table.slice(at, 1))
         _count(rules.setdefault(rule, _empty()), verdicts.get(str(rows.table.column(rows.id_column)[at].as_py())))
-    audit, sent_ids = _empty(), _sent_ids(rows)
+    audit, sent_ids = _empty(), set(rows.ids) - rows.audited
     audit["rows"] = len(rows.audited)
     for row_id, verdict in verdicts.items():
         if row_id not in sent_ids:  # an audited row (of this audit or of a larger one before)
@@ -133,10 +133,6 @@ def review_figures(
         "published": rows.published, "precision": sent["precision"], "miss_rate": audit["precision"],
         "recall": _recall(sent, rows.published, audit),
     }  # fmt: skip
-
-
-def _sent_ids(rows: QueueRows) -> frozenset[str]:
-    return frozenset(str(v) for v in rows.table.column(rows.id_column).slice(0, rows.sent).to_pylist())
 
 
 def _empty() -> dict[str, Any]:
