@@ -31,6 +31,7 @@ from .commit.ledger import CommitTally, Ledger, OutputLedger
 from .commit.repair import rebuild_ledger
 from .commit.routing import compile_routes
 from .commit.spend import CostGuard
+from .commit.topk import Best
 from .config import JobConfig
 from .core.errors import CheckFailed, ConfigError, CostLimitReached, ErrorBudgetExceeded, Interrupted
 from .core.hardware import emulation_warning
@@ -409,7 +410,8 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
 
 
 def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp:
-    """Statistics skip the passthrough columns; every part carries the job's provenance."""
+    """Statistics skip the passthrough columns; every part carries the job's provenance (and,
+    with ``sink.top_k``, only its shard's best K rows)."""
     from ._version import __version__
 
     provenance = {
@@ -422,7 +424,7 @@ def part_stamp(cfg: JobConfig, model: ResolvedModel, plan: JobPlan) -> PartStamp
         "engine": cfg.runtime.engine,
     }
     skip = (*cfg.passthrough_columns, HASH_COLUMN)  # statistics describe the model's columns only
-    return PartStamp(skip, provenance)
+    return PartStamp(skip, provenance, Best.of(cfg.sink.top_k, cfg.source.id_column))
 
 
 @contextmanager

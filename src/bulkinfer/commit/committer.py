@@ -24,6 +24,7 @@ from ..report.columns import describe
 from ..sources.shardtable import ShardTable
 from .ledger import Commit, CommitTally, OutputLedger
 from .routing import DEFAULT, Route, split
+from .topk import Best
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,10 +84,11 @@ class PartStamp:
     """What every part carries besides its rows: its column statistics (of every column but
     the passthrough ones in ``skip``) and, in Parquet key-value metadata under ``bulkinfer``,
     its provenance (the job's, plus the input file and row range), so a part copied elsewhere
-    still says where it came from."""
+    still says where it came from; with ``best`` (``sink.top_k``), only its shard's best K rows."""
 
     skip: tuple[str, ...] = ()
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    best: Best | None = None
 
     def stamp(self, table: pa.Table, shard: Shard) -> pa.Table:
         if not self.provenance:
@@ -122,6 +124,8 @@ def stage_routed(
     its rows and each route's rows (for the driver to write)."""
     stamp = stamp or PartStamp()
     rest, routed = split(routes, out.table) if routes else (out.table, {})
+    if stamp.best is not None:
+        rest = stamp.best.rows(rest, "the model's output")
     staged = sink.stage(replace(out, table=stamp.stamp(rest, out.shard)), start, tag, name)
     if staged.part is not None:
         staged = replace(staged, stats=describe(rest, stamp.skip))

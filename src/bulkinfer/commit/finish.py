@@ -1,7 +1,7 @@
 """The finish step: a complete job's last writes, in order. Whatever a consumer reads beside
 the parts comes first (an incremental run's deleted ids, an OpenAI batch's output and error
-files, a video job's per-video summary), ``_SUCCESS`` last: a reader that waits for
-``_SUCCESS`` finds everything else in place."""
+files, a video job's per-video summary, a top-K job's parts cut to its best K), ``_SUCCESS``
+last: a reader that waits for ``_SUCCESS`` finds everything else in place."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
 from .deleted import write_deleted
 from .ledger import Commit, CommitTally, OutputLedger
+from .topk import Best, keep_best
 from .videos import write_video_summary
 
 __all__ = ["batch_answers", "finish"]
@@ -28,7 +29,13 @@ def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLe
         batch_answers(ledger, ledger.commits(), plan.input_errors)
     if any(f.format == "video" for f in plan.inputs):
         write_video_summary(ledger, [c.file for c in ledger.commits() if c.file])
-    ledger.write_success(plan.fingerprint, len(plan.input_errors), extra)
+    best = Best.of(cfg.sink.top_k, cfg.source.id_column)
+    restated = None
+    if best is not None:  # the parts hold each shard's best K: cut them to the job's
+        commits = [c for c in ledger.commits() if c.file]
+        restated, ranking = keep_best(best, ledger, [c.file for c in commits], cfg.sink.format, cfg.sink.compression)
+        extra = {**extra, "top_k": {**ranking, "candidates": sum(c.rows for c in commits)}}
+    ledger.write_success(plan.fingerprint, len(plan.input_errors), extra, restated)
 
 
 def batch_answers(ledger: OutputLedger, commits: Sequence[Commit], input_errors: Iterable[ErrorRecord]) -> None:

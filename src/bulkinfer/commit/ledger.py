@@ -26,7 +26,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ __all__ = [
     "CommitTally",
     "Ledger",
     "OutputLedger",
+    "restate",
     "success_chunks",
 ]
 
@@ -152,7 +153,13 @@ class OutputLedger(Protocol):
     def write_input_errors(self, records: list[ErrorRecord]) -> None: ...
     def read_error_file(self, name: str) -> bytes: ...
     def delete_error_file(self, name: str) -> None: ...
-    def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None: ...
+    def write_success(
+        self,
+        fingerprint: str,
+        inputs_failed: int,
+        extra: Mapping[str, Any] | None = None,
+        restated: Mapping[str, Part] | None = None,
+    ) -> None: ...
     def write_file(self, name: str, data: bytes) -> None: ...
     def write_private(self, name: str, data: Mapping[str, Any]) -> None: ...
     def write_private_text(self, name: str, text: str) -> None: ...
@@ -358,9 +365,16 @@ class Ledger(JobStart):
         self.errors_dir.mkdir(exist_ok=True)
         _write_atomic(self.errors_dir / "inputs.jsonl", encode_records(records).decode())
 
-    def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
-        """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum."""
-        chunks = success_chunks(self.iter_commits, fingerprint, inputs_failed, extra)
+    def write_success(
+        self,
+        fingerprint: str,
+        inputs_failed: int,
+        extra: Mapping[str, Any] | None = None,
+        restated: Mapping[str, Part] | None = None,
+    ) -> None:
+        """``_SUCCESS``, written last: every committed file with its rows, bytes and checksum
+        (``restated``: those of parts the finish step rewrote)."""
+        chunks = success_chunks(lambda: restate(self.iter_commits(), restated), fingerprint, inputs_failed, extra)
         _write_atomic(self.out_dir / SUCCESS, chunks, crash_at="success-temp-written")
 
     def write_file(self, name: str, data: bytes) -> None:
@@ -392,6 +406,13 @@ class Ledger(JobStart):
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:
         (self.private / name).parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.private / name, json.dumps(data, indent=1))
+
+
+def restate(commits: Iterable[Commit], restated: Mapping[str, Part] | None) -> Iterator[Commit]:
+    """``commits``, with the rows, bytes and checksum of each part in ``restated`` (rewritten since)."""
+    for c in commits:
+        p = restated.get(c.file) if restated else None
+        yield c if p is None else replace(c, rows=p.rows, bytes=p.bytes, sha256=p.sha256)
 
 
 def success_chunks(

@@ -45,8 +45,9 @@ from ..core.layout import ERRORS, PRIVATE, SUCCESS
 from ..core.records import ErrorRecord, encode_records
 from ..core.threads import thread
 from ..plan import JobPlan
+from ..sinks import Part
 from ..sinks.objects import TEMPORARY, ObjectStore, staged_key
-from .ledger import Commit, CommitTally, JobStart
+from .ledger import Commit, CommitTally, JobStart, restate, success_chunks
 
 __all__ = ["LEASE_S", "SEGMENT_RECORDS", "ObjectLedger"]
 
@@ -311,10 +312,14 @@ class ObjectLedger(JobStart):
     def write_file(self, name: str, data: bytes) -> None:
         self.store.put(name, data)
 
-    def write_success(self, fingerprint: str, inputs_failed: int, extra: Mapping[str, Any] | None = None) -> None:
-        from .ledger import success_chunks
-
-        commits = self.commits()  # one listing and GET of the records, read twice
+    def write_success(
+        self,
+        fingerprint: str,
+        inputs_failed: int,
+        extra: Mapping[str, Any] | None = None,
+        restated: Mapping[str, Part] | None = None,
+    ) -> None:
+        commits = list(restate(self.commits(), restated))  # one listing and GET of the records, read twice
         self.store.put(SUCCESS, "".join(success_chunks(lambda: commits, fingerprint, inputs_failed, extra)).encode())
 
     def write_private(self, name: str, data: Mapping[str, Any]) -> None:

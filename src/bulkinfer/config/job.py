@@ -113,7 +113,7 @@ class JobConfig(Section):
 
             if scheme not in fsspec.available_protocols():
                 raise ConfigError(f"sink.path: {self.sink.path}: no filesystem knows {scheme}:// (fsspec has none)")
-
+        self._top_k_fits()
 
     def _one_kind_of_model(self) -> None:
         if self.models and self.model.name:
@@ -125,6 +125,24 @@ class JobConfig(Section):
                 "decision: rules over several models' columns need [models.<name>] tables; a [model] job routes "
                 "on its own columns with [[route]] when = ..."
             )
+
+    def _top_k_fits(self) -> None:
+        """``sink.top_k`` ranks ties by the id and rewrites the finished parts: refuse what it cannot honour."""
+        if self.sink.top_k is None:
+            return
+        refusals = [
+            (not self.source.id_column,
+             "needs source.id_column (ties are broken by it, and the best K must name their rows)"),
+            (self.sink.format in ("delta", "openai-batch"),
+             f"cannot rank a {self.sink.format} output's rows; use sink.format parquet, jsonl or csv"),
+            (self.sink.mode == "delta", "an incremental output (sink.mode = delta) holds only the changed rows, "
+             "not a ranking of every row; drop one of them"),
+            (bool(self.export or self.route), "[[export]] and [[route]] targets get each shard's rows, not the job's "
+             "best K; export the finished output in a second job over it"),
+        ]  # fmt: skip
+        for refused, why in refusals:
+            if refused:
+                raise ConfigError(f"sink.top_k: {why}")
 
 
 _TEMPLATES = {"prompt_template": True, "messages": True, "chat_template": True}

@@ -12,6 +12,17 @@ SINK_FORMAT = Literal["parquet", "jsonl", "csv", "openai-batch", "delta"]
 """The output formats (``sink.format``, ``run --format``)."""
 
 
+class TopKConfig(Section):
+    """``sink.top_k``: keep only the best K rows of the whole job."""
+
+    by: str
+    """The output column ranked (a number; null or NaN ranks after every number)."""
+    k: int = Field(ge=1)
+    """How many rows the output keeps."""
+    order: Literal["desc", "asc"] = "desc"
+    """desc: the highest values are the best; asc: the lowest."""
+
+
 class SinkConfig(Section):
     path: str = ""
     """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
@@ -32,3 +43,7 @@ class SinkConfig(Section):
     output is Parquet (an output being resumed keeps its first run's choice); always on in an incremental run."""
     mode: Literal["snapshot", "delta"] = "snapshot"
     """snapshot: every row; delta (with source.previous): only new and changed rows, plus _deleted.parquet."""
+    top_k: TopKConfig | None = None
+    """{by, k, order}: keep only the K best rows of the whole job by the column `by` (ties: the lower
+    source.id_column first), each with its rank in `top_k_rank` (1 = best); each shard commits its own best K
+    and the finish step keeps the job's (docs/science.md#the-best-k-of-everything)."""
