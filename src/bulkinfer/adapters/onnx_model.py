@@ -1,10 +1,13 @@
 """Any ``.onnx`` file a user brings (a converted scikit-learn pipeline, an exported network).
 
 Inputs are fed from columns: a model with one 2-D input gets the feature columns stacked
-into one matrix (``model.feature_columns``, in order); otherwise each input takes the
-column of its own name, or the one ``model.options = {inputs = {name = "column"}}``
-maps to it. Each output becomes a column of its own name (2-D outputs become fixed-size
-lists), or ``model.options = {outputs = {name = "column"}}`` renames them.
+into one matrix (``model.feature_columns``, in order; one column of vectors is the matrix);
+otherwise each input takes the column of its own name, or the one ``model.options = {inputs =
+{name = "column"}}`` maps to it: a scalar column feeds a ``(N,)`` or ``(N, 1)`` input, a tensor
+column (Arrow's ``fixed_shape_tensor``, nested fixed-size lists, or lists of one shape:
+:mod:`bulkinfer.core.tensors`) an ``(N, *shape)`` one. Each output becomes a column of its own
+name (2-D outputs fixed-size lists, more dimensions a ``fixed_shape_tensor`` column), or
+``model.options = {outputs = {name = "column"}}`` renames them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.errors import ConfigError, ModelError
+from ..core.tensors import column_array
 from .protocol import Adapter, SetupContext
 
 __all__ = ["OnnxAdapter"]
@@ -79,12 +83,12 @@ class OnnxAdapter(Adapter):
         feeds: dict[str, np.ndarray] = {}
         if self._stacked:
             name, dtype, _shape = self._inputs[0]
-            cols = [batch.column(c).to_numpy(zero_copy_only=False) for c in self.feature_columns]
-            feeds[name] = np.column_stack(cols).astype(dtype)
+            cols = [column_array(batch.column(c), c, dtype) for c in self.feature_columns]
+            feeds[name] = cols[0] if len(cols) == 1 and cols[0].ndim == 2 else np.column_stack(cols)
         else:
             for name, dtype, shape in self._inputs:
-                values = batch.column(self.input_map.get(name, name)).to_numpy(zero_copy_only=False).astype(dtype)
-                feeds[name] = values.reshape(-1, 1) if len(shape) == 2 else values
+                column = self.input_map.get(name, name)
+                feeds[name] = _fitted(column_array(batch.column(column), column, dtype), name, shape, column)
         names = [o.name for o in self._session.get_outputs()]
         outputs = self._session.run(names, feeds)
         result: dict[str, Any] = {}
@@ -94,3 +98,16 @@ class OnnxAdapter(Adapter):
                 arr = arr[:, 0]
             result[self.output_map.get(name, name)] = arr
         return result
+
+
+def _fitted(values: np.ndarray, name: str, shape: list[Any], column: str) -> np.ndarray:
+    """``values`` shaped for the input ``name`` of ``shape`` (a scalar column into ``(N, 1)``);
+    a column whose rows have another rank or another fixed size is one line naming both."""
+    if values.ndim == len(shape) - 1:
+        values = values.reshape(*values.shape, 1)
+    fixed = [(i, d) for i, d in enumerate(shape) if isinstance(d, int) and i > 0]
+    if values.ndim != len(shape) or any(values.shape[i] != d for i, d in fixed):
+        want = "x".join(str(d) if isinstance(d, int) else "?" for d in shape[1:]) or "one value"
+        got = "x".join(map(str, values.shape[1:])) or "one value"
+        raise ModelError(f"model input {name!r} takes rows of {want}; column {column!r} holds rows of {got}")
+    return values

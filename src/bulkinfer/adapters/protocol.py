@@ -25,6 +25,7 @@ import pyarrow as pa
 from ..core.batching import plan_batches, restore_order
 from ..core.errors import ModelError
 from ..core.hardware import available_cpus
+from ..core.tensors import column_array, tensor_column
 
 __all__ = [
     "Adapter",
@@ -122,16 +123,13 @@ class Adapter:
 
 
 def to_arrow_column(values: Any, name: str = "column") -> pa.Array:
-    """Convert adapter output (Arrow, numpy 1-D/2-D, list) to an Arrow array."""
+    """Convert adapter output (Arrow, numpy N-d: :func:`~bulkinfer.core.tensors.tensor_column`, list) to Arrow."""
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks()
     if isinstance(values, pa.Array):
         return values
-    if isinstance(values, np.ndarray) and values.ndim == 2:
-        flat = pa.array(np.ascontiguousarray(values).ravel())
-        return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
-    if isinstance(values, np.ndarray) and values.ndim > 2:
-        raise ModelError(f"output {name!r}: arrays of more than 2 dimensions are not supported")
+    if isinstance(values, np.ndarray) and values.ndim >= 2:  # a vector or a tensor a row
+        return tensor_column(values)
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -139,9 +137,9 @@ def to_arrow_column(values: Any, name: str = "column") -> pa.Array:
 
 
 def to_numpy_column(column: pa.Array) -> np.ndarray:
-    """An output column back as numpy: a fixed-size list column (embeddings) as a 2-D array."""
-    if pa.types.is_fixed_size_list(column.type):
-        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
+    """An output column back as numpy: a fixed-size list column (embeddings) as a 2-D array, a tensor column N-d."""
+    if pa.types.is_fixed_size_list(column.type) or isinstance(column.type, pa.FixedShapeTensorType):
+        return column_array(column, "output")
     return column.to_numpy(zero_copy_only=False)
 
 

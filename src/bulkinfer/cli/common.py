@@ -52,6 +52,7 @@ def _root(
 ) -> None:
     """Offline batch inference: big batches, exactly-once output, resume after any crash."""
 
+
 _CSV = {"help": "Comma-separated list."}
 
 

@@ -59,5 +59,5 @@ class ModerationConfig(Section):
         if missing:
             raise ConfigError(
                 f"moderation.categories: {', '.join(missing)} not mapped to a score; every category OpenAI answers "
-                "must come from a model (score = an expression over its columns; \"0\" says it is never scored)"
+                'must come from a model (score = an expression over its columns; "0" says it is never scored)'
             )

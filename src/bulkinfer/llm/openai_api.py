@@ -197,7 +197,7 @@ def batch_request(row: Mapping[str, Any]) -> tuple[Any, Any]:
     if row["line_error"]:
         raise BadRequest(row["line_error"], "custom_id")
     if row["method"] is None:
-        raise BadRequest("method: missing; every request line says \"method\": \"POST\"", "method")
+        raise BadRequest('method: missing; every request line says "method": "POST"', "method")
     if row["method"] != "POST":
         raise BadRequest(f"method: expected POST, got {row['method']!r}", "method")
     try:

@@ -143,8 +143,7 @@ def _stages(r: Mapping[str, Any], charts: Charts) -> str:
         body = _chart(stage_svg, caption)
     else:  # a remote Batch API's run: the work was done elsewhere, nothing here to chart
         body = (
-            "<p>No stage of this run was busy here for a measurable share of it "
-            "(a remote Batch API did the work).</p>"
+            "<p>No stage of this run was busy here for a measurable share of it (a remote Batch API did the work).</p>"
         )
     body += _table(stage_rows, ["stage", "busy s", "share %"]) + _table(wait)
     return _section("Where the time went", f'<div class="row">{body}</div>', "stages")

@@ -150,9 +150,7 @@ class Server:
             )
             if self.batches is not None:
                 moderation = (self.cfg.moderation, self.moderation_kinds) if self.moderation_kinds is not None else None
-                self._batch_model = batch_model(
-                    self.model.kind, self.adapter, self.model_names, self.share, moderation
-                )
+                self._batch_model = batch_model(self.model.kind, self.adapter, self.model_names, self.share, moderation)
             log.info("model loaded: %s", self.name)
         except BulkinferError as exc:
             self.setup_error = str(exc)

@@ -83,9 +83,7 @@ async def read_body(request: Request, limit: int) -> Any:
         return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
-        raise ApiError(
-            400, f"body is not valid JSON at {where}", "invalid_request", code="invalid_json"
-        ) from None
+        raise ApiError(400, f"body is not valid JSON at {where}", "invalid_request", code="invalid_json") from None
 
 
 def check_rows(

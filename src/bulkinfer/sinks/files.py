@@ -23,6 +23,7 @@ from ..core.errors import OutputError
 from ..core.faults import crash_point, io_point
 from ..core.layout import ERRORS
 from ..core.records import encode_records
+from ..core.tensors import nested_lists
 from ..sources.shard import ShardOutput
 from .lifecycle import Part, Published, Staged, StagedOutput
 
@@ -53,11 +54,18 @@ def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:
 def _jsonable(table: pa.Table) -> pa.Table:
     """CSV cannot hold lists: nested columns become JSON text."""
     cols = []
-    for col in table.columns:
+    for col in _nested(table).columns:
         if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_struct(col.type):
             col = pa.array([None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string())
         cols.append(col)
     return pa.table(cols, names=table.column_names)
+
+
+def _nested(table: pa.Table) -> pa.Table:
+    """Tensor columns as nested lists (:func:`~bulkinfer.core.tensors.nested_lists`), for text formats."""
+    if not any(isinstance(f.type, pa.FixedShapeTensorType) for f in table.schema):
+        return table
+    return pa.table([nested_lists(c.combine_chunks()) for c in table.columns], names=table.column_names)
 
 
 def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
@@ -72,7 +80,7 @@ def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
 
         buf.write(output_lines(table))
     elif fmt == "jsonl":
-        for row in table.to_pylist():
+        for row in _nested(table).to_pylist():
             buf.write(json.dumps(row, ensure_ascii=False, default=str).encode())
             buf.write(b"\n")
     else:  # pragma: no cover - config validation forbids it

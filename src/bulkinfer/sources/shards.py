@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from ..core.errors import SourceError
 from ..core.schema import convert_rows
+from ..core.tensors import unsliced
 from .registry import get_format
 from .shard import MAX_RECORD_BYTES, ROW, BadRow, InputFile, Shard, numbered
 from .shardtable import ShardTable
@@ -120,7 +121,8 @@ def read_shard(
         return
     next_row = shard.start
     try:
-        for batch in get_format(shard.format).read(shard, columns, batch_rows, bad, types):
+        for read in get_format(shard.format).read(shard, columns, batch_rows, bad, types):
+            batch = unsliced(read)
             if ROW not in batch.schema.names:
                 batch = numbered(batch, np.arange(next_row, next_row + batch.num_rows))
             if batch.num_rows:
