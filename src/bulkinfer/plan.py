@@ -194,7 +194,12 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "source.previous": (None, ""),
     "sink.input_hash": (None, False),
     "sink.mode": ("snapshot",),
-    "sink.top_k": (None,),  # each shard's part holds its best K: another K is another job
+    "sink.top_k": (None,),
+    # a molecule job's features (docs/science.md#molecules)
+    "model.featurize": (None,),
+    "model.smiles_column": ("smiles",),
+    "model.morgan_radius": (2,),
+    "model.morgan_bits": (2048,),  # each shard's part holds its best K: another K is another job
 }
 """Settings in a job's identity only when set away from their defaults, so that the identity
 (and the fingerprint) of a job that does not use them stays what it was before they existed."""

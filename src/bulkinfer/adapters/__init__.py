@@ -177,6 +177,8 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     m = cfg.model
     if cfg.runtime.precision == "auto":
         raise ConfigError('runtime.precision = "auto" was not resolved; run the job through run_job')
+    if m.featurize is not None and model.kind not in ("onnx", "tabular"):
+        raise ConfigError(f"model.featurize: feeds a joblib or one-matrix .onnx model, not a {model.kind} one")
     if model.kind == "ensemble":
         return _ensemble_adapter(cfg)
     if model.kind == "text-embedding":
@@ -258,6 +260,11 @@ def _generate_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
 def _tabular_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     """An ONNX graph over feature columns, a scikit-learn style model, or a user's own class."""
     m = cfg.model
+    if m.featurize is not None:
+        from .molecules import featurized
+
+        return featurized(model.kind, model.location, m.featurize, m.smiles_column, m.morgan_radius,
+                          m.morgan_bits, m.feature_columns)  # fmt: skip
     if model.kind == "onnx":
         from .onnx_model import OnnxAdapter
 

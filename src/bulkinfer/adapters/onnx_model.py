@@ -70,6 +70,13 @@ class OnnxAdapter(Adapter):
             self.input_columns = tuple(self.input_map.get(name, name) for name, _t, _s in self._inputs)
         self._stacked = stacked
 
+    def matrix_width(self) -> int | None:
+        """The fixed width of a one-matrix model's input (None: not one matrix, or not fixed)."""
+        if not self._stacked:
+            return None
+        width = self._inputs[0][2][1]
+        return width if isinstance(width, int) else None
+
     def setup(self, ctx: SetupContext) -> None:
         import onnxruntime as ort
 

@@ -33,6 +33,17 @@ class ModelConfig(Section):
     """A text over the model's token limit: true embeds its first tokens; false refuses it (an error row,
     a 400 answer); unset: a table job truncates (and counts the rows in report.json), an OpenAI request
     (Batch file or online) is refused, as the API does."""
+    featurize: Literal["morgan", "descriptors"] | None = None
+    """Molecules: turn each row's SMILES (model.smiles_column) into the model's features first, with RDKit
+    (the science extra), beside inference; for a joblib model or an .onnx one with one 2-D input. morgan: Morgan
+    (ECFP) bits (model.morgan_radius, model.morgan_bits); descriptors: the RDKit descriptors model.feature_columns
+    names, in order (all of them when none are listed). A SMILES RDKit cannot parse is an error row naming it."""
+    smiles_column: str = "smiles"
+    """Molecules (model.featurize): the column holding each row's SMILES."""
+    morgan_radius: int = Field(default=2, ge=0, le=8)
+    """model.featurize = "morgan": the radius (2 is ECFP4)."""
+    morgan_bits: int = Field(default=2048, ge=8, le=65536)
+    """model.featurize = "morgan": the fingerprint's length (the model's feature count)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Options of the adapter: a custom adapter's constructor arguments; for .onnx models
     {inputs = {onnx_input = "column"}, outputs = {onnx_output = "column"}}."""
