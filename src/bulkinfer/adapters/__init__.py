@@ -173,7 +173,16 @@ def _ensemble_adapter(cfg: JobConfig) -> Adapter:
 
 
 def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
-    """Construct (not yet set up) the adapter for ``model``."""
+    """Construct (not yet set up) the adapter for ``model`` (over tiles with a halo: its answers cut again)."""
+    adapter = _model_adapter(cfg, model)
+    if cfg.source.format in ("zarr", "netcdf") and any(cfg.source.halo.values()):
+        from .tiles import Cropped
+
+        return Cropped(adapter, cfg.source.halo)
+    return adapter
+
+
+def _model_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     m = cfg.model
     if cfg.runtime.precision == "auto":
         raise ConfigError('runtime.precision = "auto" was not resolved; run the job through run_job')

@@ -81,10 +81,11 @@ class JobConfig(Section):
 
     @property
     def passthrough_columns(self) -> list[str]:
-        """Input columns copied to the output: the id column, a video frame's video and time, and
-        ``sink.keep_columns``, once each."""
+        """Input columns copied to the output: the id column, a video frame's video and time, a grid
+        tile's cells (``<dim>_start``, ``<dim>_stop``), and ``sink.keep_columns``, once each."""
         video = ["video_id", "timestamp_s", "frame_index"] if self.source.format == "video" else []
-        return list(dict.fromkeys(c for c in [self.source.id_column, *video, *self.sink.keep_columns] if c))
+        tiles = [f"{d}_{end}" for d in self.source.tile for end in ("start", "stop")]  # a grid tile's cells
+        return list(dict.fromkeys(c for c in [self.source.id_column, *video, *tiles, *self.sink.keep_columns] if c))
 
     def refuse_unrendered(self) -> None:
         """Refuse a setting that still holds a scheduler's template (``{{ ds }}``): the scheduler

@@ -26,7 +26,18 @@ class SourceConfig(Section):
     """fsspec options for the inputs' object store (s3: endpoint_url, key, secret, profile, client_kwargs...);
     empty: the store's usual configuration (AWS_* variables, a profile, an instance role). Never stored."""
     format: Literal[
-        "auto", "parquet", "csv", "jsonl", "delta", "iceberg", "openai-batch", "images", "webdataset", "video"
+        "auto",
+        "parquet",
+        "csv",
+        "jsonl",
+        "delta",
+        "iceberg",
+        "openai-batch",
+        "images",
+        "webdataset",
+        "video",
+        "zarr",
+        "netcdf",
     ] = "auto"
     """Input format; 'auto' picks it from each file's extension (a .jsonl file of OpenAI batch requests:
     openai-batch; paths or globs that all end in a picture's extension, photos/*.jpg: images). delta: paths
@@ -76,6 +87,18 @@ class SourceConfig(Section):
 
     video: VideoConfig = Field(default_factory=lambda: VideoConfig())
     """Videos: how frames are sampled ({fps = 2} or {keyframes = true})."""
+    variables: list[str] = Field(default_factory=list)
+    """Zarr/NetCDF: the data variables read, stacked in this order as each tile's first axis (default: all)."""
+    tile: dict[str, int] = Field(default_factory=dict)
+    """Zarr/NetCDF: cells per tile by dimension ({time = 1, y = 256, x = 256}); a dimension not named is read
+    whole, one tiled by 1 with no halo is dropped from the tile's array. Each row is one tile."""
+    halo: dict[str, int] = Field(default_factory=dict)
+    """Zarr/NetCDF: neighbour cells added each side of a tile by dimension ({y = 16, x = 16}; at most the tile),
+    cut from the model's answer again (docs/science.md#gridded-arrays)."""
+    pad: Literal["reflect", "edge", "constant"] = "reflect"
+    """Zarr/NetCDF: how a tile is filled where the grid ends (numpy.pad's modes; constant: source.pad_value)."""
+    pad_value: float = 0.0
+    """Zarr/NetCDF with pad = "constant": the value beyond the grid's edge."""
 
     @model_validator(mode="before")
     @classmethod
@@ -91,8 +114,13 @@ class SourceConfig(Section):
             data = {**data, "format": "webdataset"}
         if data.get("format", "auto") == "auto" and paths and all(looks_like_videos(str(p)) for p in paths):
             data = {**data, "format": "video"}
+        for fmt, ends in (("zarr", (".zarr", ".zarr/")), ("netcdf", (".nc", ".nc4"))):
+            if data.get("format", "auto") == "auto" and paths and all(str(p).lower().endswith(ends) for p in paths):
+                data = {**data, "format": fmt}
         if data.get("format") in ("images", "webdataset", "video") and data.get("id_column") is None:
             data = {**data, "id_column": "id"}
+        if data.get("format") in ("zarr", "netcdf") and data.get("id_column") is None:
+            data = {**data, "id_column": "tile_index"}
         return data
 
     @field_validator("encoding")
@@ -112,6 +140,19 @@ class SourceConfig(Section):
     def _video_of_videos(self) -> SourceConfig:
         if self.video != VideoConfig() and self.format not in ("auto", "video"):
             raise ValueError(f"video applies to video inputs, not to format {self.format!r}; leave it unset")
+        return self
+
+    @model_validator(mode="after")
+    def _tiles_of_grids(self) -> SourceConfig:
+        used = [n for n in ("variables", "tile", "halo") if getattr(self, n)]
+        if used and self.format not in ("zarr", "netcdf"):
+            raise ValueError(
+                f"{used[0]} applies to zarr and netcdf inputs, not to format {self.format!r}; leave it unset"
+            )
+        bad = next((f"tile.{d} = {n}" for d, n in self.tile.items() if n < 1), None)
+        bad = bad or next((f"halo.{d} = {n}" for d, n in self.halo.items() if n < 0), None)
+        if bad:
+            raise ValueError(f"{bad}: a tile is at least 1 cell, a halo at least 0")
         return self
 
     @model_validator(mode="after")

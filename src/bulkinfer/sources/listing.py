@@ -11,6 +11,7 @@ from typing import Any
 from ..core.storage import concurrently, filesystem, listed_version
 from .encoding import LINE_FORMATS, codec_of
 from .expand import expand
+from .grids import GRID_FORMATS, GridSpec, grid_inputs
 from .images import image_inputs
 from .parquet import keep_footer
 from .registry import EXTENSIONS, detect_format
@@ -80,6 +81,8 @@ def list_inputs(
         return table_inputs(patterns, source, columns)
     if declared_format == "images":
         return image_inputs(patterns)
+    if declared_format in GRID_FORMATS:
+        return grid_inputs(_stores(patterns, declared_format), declared_format, GridSpec.of(source))
 
     found: dict[str, dict[str, Any]] = {}
     for pattern in patterns:
@@ -94,3 +97,10 @@ def list_inputs(
         spec = sampling_spec(video.fps, video.keyframes)
         files = [replace(f, encoding=spec) if f.format == "video" else f for f in files]
     return files
+
+
+def _stores(patterns: Sequence[str], fmt: str) -> list[str]:
+    """A Zarr store is the directory named; NetCDF files are listed as any file (globs, directories)."""
+    if fmt == "zarr":
+        return [p.rstrip("/") for p in patterns]
+    return [uri for pattern in patterns for uri in expand(pattern, [".nc", ".nc4"])]

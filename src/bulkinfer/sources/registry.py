@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.errors import SourceError
 from .csv import CsvFormat
+from .grids import GridFormat
 from .images import ImageFilesFormat
 from .jsonl import JsonlFormat
 from .openai_batch import OpenAIBatchFormat
@@ -17,7 +18,8 @@ __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "get_format"]
 
 _ALL: tuple[Format, ...] = (
     ParquetFormat(), CsvFormat(), JsonlFormat(), OpenAIBatchFormat(),
-    ImageFilesFormat(), WebDatasetFormat(), VideoFormat(),
+    ImageFilesFormat(), WebDatasetFormat(), VideoFormat(), GridFormat("zarr", (".zarr",)),
+    GridFormat("netcdf", (".nc", ".nc4")),
 )  # fmt: skip
 FORMATS: dict[str, Format] = {f.name: f for f in _ALL}
 

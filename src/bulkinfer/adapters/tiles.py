@@ -1,0 +1,69 @@
+"""A model run over tiles with a halo (a Zarr or NetCDF source, :mod:`bulkinfer.sources.grids`):
+its answers lose the halo again. An output whose trailing axes have the padded tile's sizes is
+cut to the tile's own cells on each haloed axis; any other output (a per-tile figure, a label)
+is kept as it is. The tile's axes are told by the ``tile`` column's ``dim_names``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .protocol import Adapter, SetupContext
+
+__all__ = ["Cropped", "crop"]
+
+
+def crop(values: Any, padded: tuple[int, ...], halos: tuple[int, ...]) -> Any:
+    """``values`` with ``halos[i]`` cells cut each side of its trailing axis ``i`` when those
+    axes are ``padded`` (the tile's sizes, halo included); anything else as it is."""
+    k = len(padded)
+    if not isinstance(values, np.ndarray) or values.ndim < 1 + k or tuple(values.shape[-k:]) != padded:
+        return values
+    cut: tuple[Any, ...] = (Ellipsis, *(slice(h, n - h) for n, h in zip(padded, halos, strict=True)))
+    return values[cut]
+
+
+class Cropped(Adapter):
+    """``inner`` over the ``column`` of tiles, its answers cut by ``halo`` (cells per dimension)."""
+
+    def __init__(self, inner: Adapter, halo: Mapping[str, int], column: str = "tile") -> None:
+        self.inner, self.halo, self.column = inner, dict(halo), column
+        self.input_columns = inner.input_columns
+        self.batch_size_hint, self.output_columns = inner.batch_size_hint, inner.output_columns
+        self._padded: tuple[int, ...] = ()
+        self._halos: tuple[int, ...] = ()
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.inner.setup(ctx)
+
+    def preprocess(self, table: pa.Table) -> Any:
+        kind = table.schema.field(self.column).type if self.column in table.column_names else None
+        if isinstance(kind, pa.FixedShapeTensorType) and kind.dim_names:
+            self._padded = tuple(kind.shape[1:])
+            self._halos = tuple(self.halo.get(name, 0) for name in kind.dim_names[1:])
+        return self.inner.preprocess(table)
+
+    def cost(self, features: Any) -> Any:
+        return self.inner.cost(features)
+
+    def select(self, features: Any, indices: np.ndarray) -> Any:
+        return self.inner.select(features, indices)
+
+    def predict(self, batch: Any) -> Any:
+        return self.inner.predict(batch)
+
+    def postprocess(self, outputs: Any) -> Mapping[str, Any]:
+        columns = self.inner.postprocess(outputs)
+        if not any(self._halos):
+            return columns
+        return {name: crop(np.asarray(v) if isinstance(v, np.ndarray) else v, self._padded, self._halos)
+                for name, v in columns.items()}  # fmt: skip
+
+    def take_figures(self) -> Mapping[str, Any]:
+        return self.inner.take_figures()
+
+    def close(self) -> None:
+        self.inner.close()
