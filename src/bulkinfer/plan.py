@@ -199,7 +199,13 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "model.featurize": (None,),
     "model.smiles_column": ("smiles",),
     "model.morgan_radius": (2,),
-    "model.morgan_bits": (2048,),  # each shard's part holds its best K: another K is another job
+    "model.morgan_bits": (2048,),
+    # a grid's tiling (docs/science.md#gridded-arrays); its input carries it too
+    "source.variables": ([],),
+    "source.tile": ({},),
+    "source.halo": ({},),
+    "source.pad": ("reflect",),
+    "source.pad_value": (0.0,),  # each shard's part holds its best K: another K is another job
 }
 """Settings in a job's identity only when set away from their defaults, so that the identity
 (and the fingerprint) of a job that does not use them stays what it was before they existed."""
@@ -350,10 +356,14 @@ def describe_change(old: JobPlan, new: JobPlan) -> str:
     """What differs between the job an output holds and the one asked for, in a few words."""
     if old.model_digest != new.model_digest:
         return "the model changed"
+    changed = sorted(k for k in set(old.identity) | set(new.identity) if old.identity.get(k) != new.identity.get(k))
     old_inputs = {f.uri: f.to_json() for f in old.inputs}
     new_inputs = {f.uri: f.to_json() for f in new.inputs}
     for uri in sorted(set(old_inputs) | set(new_inputs)):
-        if old_inputs.get(uri) != new_inputs.get(uri):
-            return f"input {uri} changed" if uri in old_inputs and uri in new_inputs else f"input set changed at {uri}"
-    changed = sorted(k for k in set(old.identity) | set(new.identity) if old.identity.get(k) != new.identity.get(k))
+        a, b = old_inputs.get(uri), new_inputs.get(uri)
+        if a == b:
+            continue
+        if a and b and changed and {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"encoding"}:
+            continue  # only how it is read changed, with the config (a grid's tiling): said below
+        return f"input {uri} changed" if a and b else f"input set changed at {uri}"
     return f"config changed: {', '.join(changed)}" if changed else "its fingerprint differs"

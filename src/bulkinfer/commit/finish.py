@@ -12,6 +12,7 @@ from ..config import JobConfig
 from ..core.records import ErrorRecord
 from ..llm.batch_files import write_batch_files
 from ..plan import JobPlan
+from ..sinks.zarr import ARRAY_STORE
 from .deleted import write_deleted
 from .ledger import Commit, CommitTally, OutputLedger
 from .topk import Best, keep_best
@@ -29,6 +30,8 @@ def finish(cfg: JobConfig, previous: str | None, plan: JobPlan, ledger: OutputLe
         batch_answers(ledger, ledger.commits(), plan.input_errors)
     if any(f.format == "video" for f in plan.inputs):
         write_video_summary(ledger, [c.file for c in ledger.commits() if c.file])
+    if cfg.sink.format == "zarr":  # the answers' arrays, beside the per-tile parts (sinks.zarr)
+        extra = {**extra, "array": ARRAY_STORE}
     best = Best.of(cfg.sink.top_k, cfg.source.id_column)
     restated = None
     if best is not None:  # the parts hold each shard's best K: cut them to the job's

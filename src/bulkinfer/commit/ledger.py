@@ -117,6 +117,7 @@ def _is_ours(name: str) -> bool:
         "_delta_log",
         "_batch_output.jsonl",
         "_batch_errors.jsonl",
+        "array.zarr",  # a grid job's array output (sinks.zarr)
     )
 
 

@@ -134,7 +134,7 @@ class JobConfig(Section):
         refusals = [
             (not self.source.id_column,
              "needs source.id_column (ties are broken by it, and the best K must name their rows)"),
-            (self.sink.format in ("delta", "openai-batch"),
+            (self.sink.format in ("delta", "openai-batch", "zarr"),
              f"cannot rank a {self.sink.format} output's rows; use sink.format parquet, jsonl or csv"),
             (self.sink.mode == "delta", "an incremental output (sink.mode = delta) holds only the changed rows, "
              "not a ranking of every row; drop one of them"),

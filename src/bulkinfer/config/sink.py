@@ -8,7 +8,7 @@ from pydantic import Field
 
 from .section import Section
 
-SINK_FORMAT = Literal["parquet", "jsonl", "csv", "openai-batch", "delta"]
+SINK_FORMAT = Literal["parquet", "jsonl", "csv", "openai-batch", "delta", "zarr"]
 """The output formats (``sink.format``, ``run --format``)."""
 
 
@@ -28,7 +28,8 @@ class SinkConfig(Section):
     """Output directory: a local or shared-filesystem path (or file://); not an object-store URI."""
     format: SINK_FORMAT = "parquet"
     """Output file format; openai-batch (the default for an openai-batch input): the Batch API's output lines;
-    delta: the folder is a Delta Lake table, each part added in an idempotent commit."""
+    delta: the folder is a Delta Lake table, each part added in an idempotent commit; zarr (over a Zarr or NetCDF
+    input): the answers' arrays in <path>/array.zarr, region by region, the per-tile rows in Parquet parts."""
     keep_columns: list[str] = Field(default_factory=list)
     """Input columns copied to the output next to the results (the id column always is)."""
     preserve_order: bool = True

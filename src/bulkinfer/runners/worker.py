@@ -93,7 +93,7 @@ class Worker:
         runner.reuse, runner.assembler = self.reuse, self.assembler
         self.reuse.load_previous()
         results: list[dict[str, Any]] = []
-        export = bool(self.cfg.export)  # export and route targets are written by the driver
+        export = bool(self.cfg.export) or self.cfg.sink.format == "zarr"  # the driver writes exports, arrays
 
         def staged(out: ShardOutput) -> None:
             name_start = names[(out.shard.index, out.shard.start)]

@@ -50,6 +50,8 @@ def make_sink(cfg: JobConfig) -> Sink:
         from .delta import DeltaSink
 
         return DeltaSink(Path(sk.path.removeprefix("file://")).expanduser(), sk.compression, redact)
+    if is_remote(sk.path) and sk.format == "zarr":
+        raise ConfigError("sink.format: zarr writes its array in a local or shared folder, not an object store")
     if is_remote(sk.path):
         from .objects import ObjectSink
 
@@ -58,8 +60,14 @@ def make_sink(cfg: JobConfig) -> Sink:
 
 
 def make_exports(cfg: JobConfig) -> list[ExportTarget]:
-    """The ``[[export]]`` targets (they get the rows of the default route)."""
-    return [make_target(spec, f"export[{i}]", cfg.execution.redact) for i, spec in enumerate(cfg.export)]
+    """The ``[[export]]`` targets (they get the rows of the default route), and a grid job's array
+    output (``sink.format = "zarr"``: written as an export is, before each shard's commit)."""
+    targets = [make_target(spec, f"export[{i}]", cfg.execution.redact) for i, spec in enumerate(cfg.export)]
+    if cfg.sink.format == "zarr":
+        from .zarr import ZarrRegions
+
+        targets.append(ZarrRegions(cfg))
+    return targets
 
 
 def make_route_targets(cfg: JobConfig) -> dict[str, list[ExportTarget]]:

@@ -41,7 +41,8 @@ __all__ = [
     "write_part",
 ]
 
-EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl", "delta": ".parquet"}
+EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl", "csv": ".csv", "openai-batch": ".jsonl", "delta": ".parquet",
+              "zarr": ".parquet"}  # fmt: skip
 
 
 def part_name(shard_index: int, fmt: str, start: int | None = None) -> str:
@@ -71,7 +72,10 @@ def _nested(table: pa.Table) -> pa.Table:
 def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
     """The bytes of ``table`` in the output format."""
     buf = io.BytesIO()
-    if fmt in ("parquet", "delta"):  # a Delta table's data files are Parquet
+    if fmt == "zarr":  # the per-tile rows: the arrays are in array.zarr (sinks.zarr)
+        arrays = [f.name for f in table.schema if isinstance(f.type, pa.FixedShapeTensorType)]
+        pq.write_table(table.drop_columns(arrays), buf, compression=compression)
+    elif fmt in ("parquet", "delta"):  # a Delta table's data files are Parquet
         pq.write_table(table, buf, compression=compression)
     elif fmt == "csv":
         pacsv.write_csv(_jsonable(table), buf)
@@ -90,7 +94,7 @@ def serialize(table: pa.Table, fmt: str, compression: str = "zstd") -> bytes:
 
 def deserialize(data: bytes, fmt: str) -> pa.Table:
     """The table in a part's bytes (JSONL and CSV with inferred types: CSV vectors come back as text)."""
-    if fmt in ("parquet", "delta"):
+    if fmt in ("parquet", "delta", "zarr"):
         return pq.read_table(io.BytesIO(data))
     if fmt == "csv":
         return pacsv.read_csv(io.BytesIO(data))
