@@ -194,7 +194,7 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "source.previous": (None, ""),
     "sink.input_hash": (None, False),
     "sink.mode": ("snapshot",),
-    "sink.top_k": (None,),
+    "sink.top_k": (None,),  # each shard's part holds its best K: another K is another job
     # a molecule job's features (docs/science.md#molecules)
     "model.featurize": (None,),
     "model.smiles_column": ("smiles",),
@@ -205,7 +205,8 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "source.tile": ({},),
     "source.halo": ({},),
     "source.pad": ("reflect",),
-    "source.pad_value": (0.0,),  # each shard's part holds its best K: another K is another job
+    "source.pad_value": (0.0,),
+    "source.nan_tiles": ("run",),
 }
 """Settings in a job's identity only when set away from their defaults, so that the identity
 (and the fingerprint) of a job that does not use them stays what it was before they existed."""

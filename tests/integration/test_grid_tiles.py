@@ -111,3 +111,26 @@ def test_a_tiling_the_store_cannot_take_is_one_line_before_any_row(tmp_path, ext
         run_job(_job(tmp_path, tmp_path / "field.zarr", HALO, **extra))
     assert not (tmp_path / f"out{HALO}" / "_bulkinfer" / "commits.log").exists() or not (
         tmp_path / f"out{HALO}" / "_bulkinfer" / "commits.log").read_text()  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["run", "error"])
+def test_a_tile_of_nan_runs_or_is_an_error_row_as_configured(tmp_path, policy):
+    import json
+
+    ds = _field()
+    ds["t2m"][1, 16:32, 16:32] = np.nan  # tile 1 of time step 1 (its own cells), both variables
+    ds["u10"][1, 16:32, 16:32] = np.nan
+    ds.to_zarr(tmp_path / "field.zarr")
+    result = run_job(_job(tmp_path, tmp_path / "field.zarr", HALO, **{"source.nan_tiles": policy}))
+    nan_tile = 12 + 1 * 4 + 1  # time 1, y tile 1, x tile 1
+    table = pq.read_table(tmp_path / f"out{HALO}")
+    if policy == "run":
+        assert result.report["rows_out"] == T * 12 and result.report["rows_failed"] == 0
+        row = table.filter(table["tile_index"].to_numpy() == nan_tile)  # the model's answer: NaN where its cells are
+        assert np.isnan(row["corrected"].combine_chunks().to_numpy_ndarray()).any()
+        return
+    assert result.report["rows_out"] == T * 12 - 1 and result.report["rows_failed"] == 1
+    assert nan_tile not in table["tile_index"].to_pylist()
+    errors = [json.loads(line) for p in (tmp_path / f"out{HALO}" / "_errors").glob("part-*") for line in p.read_text().splitlines()]
+    assert [e["row"] for e in errors] == [nan_tile]  # a tile's row is its tile_index
+    assert errors[0]["message"] == f'tile {nan_tile} (time 1..2, y 16..32, x 16..32) holds only NaN (source.nan_tiles = "error")'

@@ -99,6 +99,9 @@ class SourceConfig(Section):
     """Zarr/NetCDF: how a tile is filled where the grid ends (numpy.pad's modes; constant: source.pad_value)."""
     pad_value: float = 0.0
     """Zarr/NetCDF with pad = "constant": the value beyond the grid's edge."""
+    nan_tiles: Literal["run", "error"] = "run"
+    """Zarr/NetCDF: a tile whose own cells are all NaN (land in an ocean grid, a gap): run gives it to the model
+    as any tile; error makes it an error row naming the tile (the model never sees it)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -144,7 +147,9 @@ class SourceConfig(Section):
 
     @model_validator(mode="after")
     def _tiles_of_grids(self) -> SourceConfig:
-        used = [n for n in ("variables", "tile", "halo") if getattr(self, n)]
+        used = [n for n in ("variables", "tile", "halo") if getattr(self, n)] + (
+            ["nan_tiles"] if self.nan_tiles != "run" else []
+        )
         if used and self.format not in ("zarr", "netcdf"):
             raise ValueError(
                 f"{used[0]} applies to zarr and netcdf inputs, not to format {self.format!r}; leave it unset"

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError, SourceError
 from ..core.storage import filesystem
-from .shard import BadRow, InputFile, Shard, Span
+from .shard import ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["GRID_FORMATS", "GridFormat", "GridSpec", "grid_inputs", "open_grid"]
 
@@ -51,6 +51,7 @@ class GridSpec:
     halo: Mapping[str, int] = field(default_factory=dict)
     pad: str = "reflect"
     pad_value: float = 0.0
+    nan_tiles: str = "run"
 
     def to_text(self) -> str:
         data = asdict(self)
@@ -60,7 +61,8 @@ class GridSpec:
     @classmethod
     def of(cls, source: Any) -> GridSpec:
         """The tiling ``[source]`` asks for."""
-        return cls(tuple(source.variables), dict(source.tile), dict(source.halo), source.pad, source.pad_value)
+        return cls(tuple(source.variables), dict(source.tile), dict(source.halo), source.pad, source.pad_value,
+                   source.nan_tiles)  # fmt: skip
 
     @classmethod
     def from_text(cls, text: str | None) -> GridSpec:
@@ -216,20 +218,41 @@ class GridFormat:
         self, shard: Shard, columns: Sequence[str], batch_rows: int, bad: BadRow, types: Mapping[str, pa.DataType]
     ) -> Iterator[pa.RecordBatch]:
         ds, geo, spec = _opened(shard.uri, shard.format, shard.encoding or "{}")
-        schema = _schema(geo, spec)
-        for first in range(shard.start, shard.stop, max(1, batch_rows)):
-            indices = range(first, min(first + max(1, batch_rows), shard.stop))
+        schema = _schema(geo, spec).append(pa.field(ROW, pa.int64()))
+        step = max(1, batch_rows)
+        for first in range(shard.start, shard.stop, step):
+            read = {i: read_tile(ds, geo, i, spec) for i in range(first, min(first + step, shard.stop))}
+            if spec.nan_tiles == "error":
+                read = _without_nan_tiles(read, geo, bad)
+            if not read:
+                continue
+            indices = list(read)
             cells = [geo.cells(i) for i in indices]
-            data: dict[str, Any] = {"tile_index": pa.array(list(indices), pa.int64())}
+            data: dict[str, Any] = {"tile_index": pa.array(indices, pa.int64())}
             for j, d in enumerate(geo.dims):
                 if d in spec.tile:
                     data[f"{d}_start"] = pa.array([c[j][0] for c in cells], pa.int64())
                     data[f"{d}_stop"] = pa.array([c[j][1] for c in cells], pa.int64())
-            tiles = np.stack([read_tile(ds, geo, i, spec) for i in indices])
+            tiles = np.stack(list(read.values()))
             data["tile"] = pa.FixedShapeTensorArray.from_numpy_ndarray(tiles, dim_names=_dim_names(geo))
-            yield pa.RecordBatch.from_pydict(data, schema=schema).select(
-                [c for c in schema.names if c in columns] or schema.names
-            )
+            data[ROW] = pa.array(indices, pa.int64())
+            batch = pa.RecordBatch.from_pydict(data, schema=schema)
+            yield batch.select([c for c in schema.names if c in columns or c == ROW])
+
+
+def _without_nan_tiles(read: dict[int, np.ndarray], geo: Geometry, bad: BadRow) -> dict[int, np.ndarray]:
+    """``read`` less the tiles whose own cells (no halo, nothing beyond the grid) are all NaN, each
+    reported as its row's error."""
+    kept = {}
+    for index, tile in read.items():
+        cells = geo.cells(index)
+        own = tile[(slice(None), *(slice(geo.halos[i], geo.halos[i] + cells[i][1] - cells[i][0]) for i in geo.kept))]
+        if np.isnan(own).all():
+            where = ", ".join(f"{d} {a}..{b}" for d, (a, b) in zip(geo.dims, cells, strict=True))
+            bad(index, f"tile {index} ({where}) holds only NaN (source.nan_tiles = \"error\")")
+        else:
+            kept[index] = tile
+    return kept
 
 
 def _schema(geo: Geometry, spec: GridSpec) -> pa.Schema:
