@@ -111,9 +111,10 @@ def open_grid(uri: str, fmt: str) -> Any:
     except ImportError:
         raise ConfigError(f"source.format: {fmt} needs xarray; pip install 'bulkinfer[science]'") from None
     try:
+        # no dask, and no cache: a tile read is read, never a whole variable kept (memory flat in the grid's size)
         if fmt == "zarr":
-            return xr.open_zarr(uri, chunks=None, consolidated=None)
-        return xr.open_dataset(filesystem(uri)[1] if uri.startswith("file://") else uri, chunks=None)
+            return xr.open_dataset(uri, engine="zarr", chunks=None, cache=False)
+        return xr.open_dataset(filesystem(uri)[1] if uri.startswith("file://") else uri, chunks=None, cache=False)
     except (OSError, ValueError, KeyError) as exc:
         raise SourceError(f"{uri}: not a {fmt} store xarray can open ({type(exc).__name__}: {exc})", uri) from None
 
