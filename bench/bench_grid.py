@@ -17,13 +17,11 @@ against the other's (max abs difference).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from bench_tabular import run_child
+from bench_tabular import run_child, run_job_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "_work" / "grid"
@@ -85,16 +83,11 @@ def one_size(side: int, times: int, script: Path, model: Path) -> dict[str, floa
     shutil.rmtree(anchor_out, ignore_errors=True)
     out, anchor_rss = run_child([sys.executable, str(script), str(store), str(model), str(anchor_out)])
     dest = WORK / "bulkinfer_out"
-    shutil.rmtree(dest, ignore_errors=True)
-    job = WORK / "grid.toml"
-    job.write_text(f'[source]\npaths = ["{store}"]\ntile = {{ time = 1, y = {TILE}, x = {TILE} }}\n'
-                   f'halo = {{ y = {HALO}, x = {HALO} }}\npad = "edge"\nshard_rows = 16\n'
-                   f'[model]\nname = "{model}"\noptions = {{ inputs = {{ grid = "tile" }} }}\n'
-                   f'[sink]\npath = "{dest}"\nformat = "zarr"\n[execution]\nprogress = "none"\n')  # fmt: skip
-    t0 = time.perf_counter()
-    _, rss = run_child([str(Path(sys.executable).parent / "bulkinfer"), "run", str(job), "-q"])
-    wall = time.perf_counter() - t0
-    report = json.loads((dest / "_bulkinfer" / "report.json").read_text())
+    job = (f'[source]\npaths = ["{store}"]\ntile = {{ time = 1, y = {TILE}, x = {TILE} }}\n'
+           f'halo = {{ y = {HALO}, x = {HALO} }}\npad = "edge"\nshard_rows = 16\n'
+           f'[model]\nname = "{model}"\noptions = {{ inputs = {{ grid = "tile" }} }}\n'
+           f'[sink]\npath = "{dest}"\nformat = "zarr"\n')  # fmt: skip
+    report, rss, wall = run_job_file(WORK / "grid.toml", job, dest)
     return {"anchor": float(out.split("cells_per_s=")[1]), "anchor_mib": anchor_rss,
             "ours": times * side * side / report["run_s"], "ours_mib": rss, "wall": wall,
             "diff": _difference(anchor_out, dest / "array.zarr")}  # fmt: skip

@@ -15,13 +15,10 @@ differ by little.
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
-import time
 from pathlib import Path
 
-from bench_tabular import run_child
+from bench_tabular import run_child, run_job_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "bench" / "_work" / "molecules"
@@ -82,16 +79,10 @@ def one_size(n: int, script: Path) -> dict[str, float]:
     anchor = [sys.executable, str(script), str(data), str(model), str(WORK / "anchor.parquet"), str(K)]
     out, anchor_rss = run_child(anchor)
     dest = WORK / "screen"
-    shutil.rmtree(dest, ignore_errors=True)
-    job = WORK / "screen.toml"
-    job.write_text(f'[source]\npaths = ["{data}"]\nid_column = "id"\nshard_rows = 50000\n'
-                   f'[model]\nname = "{model}"\nfeaturize = "morgan"\n'
-                   f'[sink]\npath = "{dest}"\ntop_k = {{ by = "prediction", k = {K} }}\n'
-                   '[execution]\nprogress = "none"\n')  # fmt: skip
-    t0 = time.perf_counter()
-    _, rss = run_child([str(Path(sys.executable).parent / "bulkinfer"), "run", str(job), "-q"])
-    wall = time.perf_counter() - t0
-    report = json.loads((dest / "_bulkinfer" / "report.json").read_text())
+    job = (f'[source]\npaths = ["{data}"]\nid_column = "id"\nshard_rows = 50000\n'
+           f'[model]\nname = "{model}"\nfeaturize = "morgan"\n'
+           f'[sink]\npath = "{dest}"\ntop_k = {{ by = "prediction", k = {K} }}\n')  # fmt: skip
+    report, rss, wall = run_job_file(WORK / "screen.toml", job, dest)
     return {"anchor": float(out.split("rows_per_s=")[1]), "anchor_mib": anchor_rss, "ours": n / report["run_s"],
             "ours_mib": rss, "wall": wall}  # fmt: skip
 

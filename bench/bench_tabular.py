@@ -71,6 +71,17 @@ def run_child(args: list[str]) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024
 
 
+def run_job_file(job: Path, text: str, dest: Path) -> tuple[dict, float, float]:
+    """``bulkinfer run`` of the job ``text`` (written to ``job``) into a fresh ``dest``: its
+    report.json, its peak resident MiB and its wall seconds."""
+    shutil.rmtree(dest, ignore_errors=True)
+    job.write_text(text + '[execution]\nprogress = "none"\n')
+    t0 = time.perf_counter()
+    _, rss = run_child([str(Path(sys.executable).parent / "bulkinfer"), "run", str(job), "-q"])
+    wall = time.perf_counter() - t0
+    return json.loads((dest / "_bulkinfer" / "report.json").read_text()), rss, wall
+
+
 def main() -> None:
     from machine import describe  # bench/ is on the path of a script run from it
 

@@ -122,8 +122,9 @@ def featurized(
         from .onnx_model import OnnxAdapter
 
         onnx = OnnxAdapter(location, ["features"])
-        width = onnx.matrix_width()
-        _same_width(width, len(features.names), location, setting)
+        if not onnx.one_matrix:
+            raise ConfigError(f"model.featurize: {location} does not take one matrix (one 2-D input) of features")
+        _same_width(onnx.matrix_width(), len(features.names), location, setting)
         return Featurized(onnx, features, column, matrix_column="features")
     from .tabular import TabularAdapter
 

@@ -70,6 +70,11 @@ class OnnxAdapter(Adapter):
             self.input_columns = tuple(self.input_map.get(name, name) for name, _t, _s in self._inputs)
         self._stacked = stacked
 
+    @property
+    def one_matrix(self) -> bool:
+        """Whether the model takes one 2-D input (a matrix of features)."""
+        return bool(self._stacked)
+
     def matrix_width(self) -> int | None:
         """The fixed width of a one-matrix model's input (None: not one matrix, or not fixed)."""
         if not self._stacked:

@@ -59,8 +59,7 @@ class Cropped(Adapter):
         columns = self.inner.postprocess(outputs)
         if not any(self._halos):
             return columns
-        return {name: crop(np.asarray(v) if isinstance(v, np.ndarray) else v, self._padded, self._halos)
-                for name, v in columns.items()}  # fmt: skip
+        return {name: crop(values, self._padded, self._halos) for name, values in columns.items()}
 
     def take_figures(self) -> Mapping[str, Any]:
         return self.inner.take_figures()
