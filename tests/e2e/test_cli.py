@@ -81,7 +81,7 @@ def test_help_lists_every_config_field():
     assert len(fields) > 100 and {"source.shard_rows", "export.maxlen", "route.when"} <= fields
     assert sorted(f for f in fields if f"{f} = " not in out) == []
     assert "Rows sorted by length together" in out
-    assert "Output format: parquet, jsonl, csv, openai-batch, delta." in " ".join(out.split()).replace("- ", "-")
+    assert "Output format: parquet, jsonl, csv, openai-batch, delta, zarr." in " ".join(out.split()).replace("- ", "-")
 
 
 def test_version_prints_the_packages_version():
