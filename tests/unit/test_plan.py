@@ -90,3 +90,17 @@ def test_job_json_keeps_every_shard_one_a_line_and_its_fields_read_without_them(
     before = json.dumps(plan.to_json(), indent=1)  # the layout of earlier versions: one document, read whole
     assert JobPlan.from_lines(before.splitlines(keepends=True)) == plan
     assert plan_fields(before.encode()) == plan.to_json(shards=False)
+
+
+def test_a_change_of_how_an_input_is_read_is_named_as_the_setting_not_the_input():
+    from bulkinfer.plan import JobPlan, describe_change
+
+    store = {"uri": "grid.zarr", "format": "zarr", "size": 10, "version": "1", "digest": "d"}
+    old = JobPlan.from_json({"fingerprint": "a", "model_digest": "m", "identity": {"source.tile": {"y": 16}},
+                             "inputs": [{**store, "encoding": '{"tile": {"y": 16}}'}]})  # fmt: skip
+    retiled = JobPlan.from_json({"fingerprint": "b", "model_digest": "m", "identity": {"source.tile": {"y": 8}},
+                                 "inputs": [{**store, "encoding": '{"tile": {"y": 8}}'}]})  # fmt: skip
+    assert describe_change(old, retiled) == "config changed: source.tile"
+    rewritten = JobPlan.from_json({"fingerprint": "c", "model_digest": "m", "identity": {"source.tile": {"y": 8}},
+                                   "inputs": [{**store, "digest": "e", "encoding": '{"tile": {"y": 8}}'}]})  # fmt: skip
+    assert describe_change(old, rewritten) == "input grid.zarr changed"  # the store's files changed too
