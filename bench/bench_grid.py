@@ -47,11 +47,15 @@ print(f"cells_per_s={cells / (time.perf_counter() - t0):.1f}")
 """
 
 
+def store_path(side: int, times: int, variables: int = 4) -> Path:
+    return WORK / f"grid_{variables}x{times}x{side}.zarr"
+
+
 def make_store(side: int, times: int, variables: int = 4) -> Path:
     import numpy as np
     import xarray as xr
 
-    store = WORK / f"grid_{variables}x{times}x{side}.zarr"
+    store = store_path(side, times, variables)
     if store.exists():
         return store
     axis = np.linspace(0, 1, side, dtype=np.float32)
@@ -77,15 +81,21 @@ def make_model(variables: int = 4) -> Path:
     return path
 
 
+def _in_child(*args: str) -> str:
+    """This script run again in a child process for ``args`` (a store made, outputs compared): the
+    parent stays small, and a child's peak memory (ru_maxrss, which a fork inherits) is its own."""
+    return run_child([sys.executable, __file__, *args])[0]
+
+
 def one_size(side: int, times: int, script: Path, model: Path) -> dict[str, float]:
-    store = make_store(side, times)
+    store = Path(_in_child("--store", str(side), str(times)).strip())
     anchor_out = WORK / "anchor_out.zarr"
     shutil.rmtree(anchor_out, ignore_errors=True)
     out, anchor_rss = run_child([sys.executable, str(script), str(store), str(model), str(anchor_out)])
     report, rss, wall = _ours(store, model, HALO)
     return {"anchor": float(out.split("cells_per_s=")[1]), "anchor_mib": anchor_rss,
             "ours": times * side * side / report["run_s"], "ours_mib": rss, "wall": wall,
-            "diff": _difference(anchor_out, WORK / "bulkinfer_out" / "array.zarr")}  # fmt: skip
+            "diff": float(_in_child("--difference", str(anchor_out), str(WORK / "bulkinfer_out" / "array.zarr")))}
 
 
 def _ours(store: Path, model: Path, halo: int) -> tuple[dict, float, float]:
@@ -100,10 +110,15 @@ def _ours(store: Path, model: Path, halo: int) -> tuple[dict, float, float]:
 def without_halo(side: int, times: int, model: Path) -> tuple[float, float]:
     """The answer without a halo against the anchor's (the last run's): the largest difference
     on the cells along tile edges, and elsewhere."""
+    _ours(store_path(side, times), model, 0)
+    edge, inside = _in_child("--edges", str(side)).split()
+    return float(edge), float(inside)
+
+
+def _edges(side: int) -> tuple[float, float]:
     import numpy as np
     import xarray as xr
 
-    _ours(make_store(side, times), model, 0)
     a = xr.open_zarr(WORK / "anchor_out.zarr")["corrected"].values
     b = np.moveaxis(xr.open_zarr(WORK / "bulkinfer_out" / "array.zarr")["corrected"].values, 0, 1)
     edge = np.zeros(a.shape[-2:], bool)
@@ -125,6 +140,17 @@ def _difference(anchor: Path, ours: Path) -> float:
 def main() -> None:
     from machine import describe  # bench/ is on the path of a script run from it
 
+    if "--store" in sys.argv:  # a child's work (see _in_child)
+        at = sys.argv.index("--store")
+        print(make_store(int(sys.argv[at + 1]), int(sys.argv[at + 2])))
+        return
+    if "--difference" in sys.argv:
+        at = sys.argv.index("--difference")
+        print(_difference(Path(sys.argv[at + 1]), Path(sys.argv[at + 2])))
+        return
+    if "--edges" in sys.argv:
+        print(*_edges(int(sys.argv[sys.argv.index("--edges") + 1])))
+        return
     print(describe())
     side = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 2048
     times = int(sys.argv[sys.argv.index("--times") + 1]) if "--times" in sys.argv else 8

@@ -75,7 +75,8 @@ def make_data(n: int) -> tuple[Path, Path]:
 
 
 def one_size(n: int, script: Path) -> dict[str, float]:
-    data, model = make_data(n)
+    # made in a child: the parent stays small (a child's ru_maxrss starts from its parent's, as forked)
+    data, model = map(Path, run_child([sys.executable, __file__, "--data", str(n)])[0].split())
     anchor = [sys.executable, str(script), str(data), str(model), str(WORK / "anchor.parquet"), str(K)]
     out, anchor_rss = run_child(anchor)
     dest = WORK / "screen"
@@ -90,6 +91,9 @@ def one_size(n: int, script: Path) -> dict[str, float]:
 def main() -> None:
     from machine import describe  # bench/ is on the path of a script run from it
 
+    if "--data" in sys.argv:  # a child's work (see one_size)
+        print(*make_data(int(sys.argv[sys.argv.index("--data") + 1])))
+        return
     print(describe())
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1_000_000
     small = int(sys.argv[sys.argv.index("--small") + 1]) if "--small" in sys.argv else n // 10

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError, SourceError
 from ..core.storage import filesystem
-from .shard import ROW, BadRow, InputFile, Shard, Span
+from .shard import BATCH_BYTES, ROW, BadRow, InputFile, Shard, Span
 
 __all__ = ["GRID_FORMATS", "GridFormat", "GridSpec", "grid_inputs", "open_grid"]
 
@@ -148,19 +148,31 @@ def geometry(ds: Any, spec: GridSpec, uri: str) -> Geometry:
     return Geometry(dims, extent, tiles, tuple(spec.halo.get(d, 0) for d in dims), tuple(names))
 
 
-def read_tile(ds: Any, geo: Geometry, index: int, spec: GridSpec) -> np.ndarray:
-    """Tile ``index`` with its halo, padded to the tile's full shape, as ``geo.shape``."""
-    reads, pads = {}, []
-    for d, (start, _stop), t, h, n in zip(geo.dims, geo.cells(index), geo.tiles, geo.halos, geo.sizes, strict=True):
-        lo, hi = start - h, start + t + h  # the full tile's extent, halo included
-        reads[d] = slice(max(lo, 0), min(hi, n))
-        pads.append((max(lo, 0) - lo, hi - min(hi, n)))
-    block = np.stack([np.asarray(ds[v].isel(reads).values, dtype=np.float32) for v in geo.variables])
-    widths = [(0, 0), *pads]
-    if any(a or b for a, b in pads):
-        kw: dict[str, Any] = {"constant_values": spec.pad_value} if spec.pad == "constant" else {}
-        block = np.pad(block, widths, mode=spec.pad, **kw)  # type: ignore[call-overload]
-    return block.reshape(geo.shape)
+def _extent(geo: Geometry, index: int) -> list[tuple[int, int]]:
+    """Tile ``index``'s full extent per dimension, halo included (beyond the grid where it ends)."""
+    cells = geo.cells(index)
+    return [(start - h, start + t + h) for (start, _stop), t, h in zip(cells, geo.tiles, geo.halos, strict=True)]
+
+
+def read_tiles(ds: Any, geo: Geometry, indices: Sequence[int], spec: GridSpec) -> dict[int, np.ndarray]:
+    """Tiles ``indices`` with their halos, each padded to the tile's full shape (``geo.shape``).
+    The cells the tiles span are read once, as one box per variable (a tile's halo lies in its
+    neighbours' chunks: read tile by tile, each chunk would be read up to nine times)."""
+    extents = [_extent(geo, i) for i in indices]
+    lo = [max(min(e[d][0] for e in extents), 0) for d in range(len(geo.dims))]
+    hi = [min(max(e[d][1] for e in extents), n) for d, n in enumerate(geo.sizes)]
+    box_at = {name: slice(a, b) for name, a, b in zip(geo.dims, lo, hi, strict=True)}
+    box = np.stack([np.asarray(ds[v].isel(box_at).values, dtype=np.float32) for v in geo.variables])
+    kw: dict[str, Any] = {"constant_values": spec.pad_value} if spec.pad == "constant" else {}
+    tiles = {}
+    for index, extent in zip(indices, extents, strict=True):
+        cut = [slice(max(a, 0) - lo[d], min(b, geo.sizes[d]) - lo[d]) for d, (a, b) in enumerate(extent)]
+        pads = [(max(a, 0) - a, b - min(b, geo.sizes[d])) for d, (a, b) in enumerate(extent)]
+        tile = box[(slice(None), *cut)]
+        if any(x or y for x, y in pads):
+            tile = np.pad(tile, [(0, 0), *pads], mode=spec.pad, **kw)  # type: ignore[call-overload]
+        tiles[index] = np.ascontiguousarray(tile).reshape(geo.shape)
+    return tiles
 
 
 def _store_digest(uri: str, ds: Any) -> tuple[int, str, str]:
@@ -220,9 +232,9 @@ class GridFormat:
     ) -> Iterator[pa.RecordBatch]:
         ds, geo, spec = _opened(shard.uri, shard.format, shard.encoding or "{}")
         schema = _schema(geo, spec).append(pa.field(ROW, pa.int64()))
-        step = max(1, batch_rows)
+        step = max(1, min(batch_rows, BATCH_BYTES // (4 * math.prod(geo.shape))))  # a batch's tiles: ~32 MB
         for first in range(shard.start, shard.stop, step):
-            read = {i: read_tile(ds, geo, i, spec) for i in range(first, min(first + step, shard.stop))}
+            read = read_tiles(ds, geo, range(first, min(first + step, shard.stop)), spec)
             if spec.nan_tiles == "error":
                 read = _without_nan_tiles(read, geo, bad)
             if not read:
