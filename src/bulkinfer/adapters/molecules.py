@@ -87,7 +87,10 @@ class Featurized(Adapter):
         self.inner, self.features, self.column = inner, features, column
         self.matrix_column = matrix_column  # an ONNX model's: its one input's column, given as one tensor column
         self.input_columns = (column,)
-        self.batch_size_hint = inner.batch_size_hint
+        # a call's features as float64 (what a tree model converts them to) near 64 MB: 4,096 rows of 2,048
+        # bits (a joblib model's 65,536-row calls made 1 GB matrices); a window, four calls
+        self.batch_size_hint = min(inner.batch_size_hint or 4096, max(64, (64 << 20) // (8 * len(features.names))))
+        self.window_rows = 4 * self.batch_size_hint
         self.output_columns = inner.output_columns
 
     def setup(self, ctx: SetupContext) -> None:
