@@ -16,12 +16,7 @@ import pyarrow as pa
 
 from .errors import ModelError
 
-__all__ = ["column_array", "is_tensor", "nested_lists", "tensor_column", "unsliced"]
-
-
-def is_tensor(kind: pa.DataType) -> bool:
-    """Whether a column of ``kind`` holds an array a row."""
-    return isinstance(kind, pa.FixedShapeTensorType) or pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind)
+__all__ = ["column_array", "nested_lists", "tensor_column", "unsliced"]
 
 
 def _flat(column: pa.Array) -> pa.Array:
