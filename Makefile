@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: its CPU build comes from a local wheel; an unpinned pull would fetch CUDA.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet torch==2.13.0 -e '.[dev,images,science]'
+	$(PY) -m pip install --quiet torch==2.13.0 -e '.[dev,images,science,vectors,feast]'
 	# RapidOCR 1.4 ships its PP-OCRv4 models; --no-deps keeps its opencv-python out (the images extra's
 	# opencv-python-headless is the one cv2, NudeNet's), its other requirements are in the extra
 	$(PY) -m pip install --quiet --no-deps 'rapidocr-onnxruntime==1.4.4'

@@ -67,11 +67,48 @@ class FolderExport(Section):
     """fsspec options when path is an object-store URI."""
 
 
+class MilvusExport(Section):
+    kind: Literal["milvus"] = "milvus"
+    uri: str = ""
+    """A Milvus server (http://host:19530; its token in the MILVUS_TOKEN variable) or a local file
+    (items.db) that Milvus Lite serves inside the job."""
+    collection: str = "bulkinfer_results"
+    """Collection to upsert into by id (primary key: source.id_column), made when missing."""
+    vector: str = ""
+    """The vector column (default: the output's one vector column)."""
+    columns: list[str] = Field(default_factory=list)
+    """Scalar output columns stored beside the vector (default: every other model output column)."""
+    index: Literal["AUTOINDEX", "FLAT", "HNSW", "IVF_FLAT"] = "AUTOINDEX"
+    """Index type of the vector field when the collection is made."""
+    metric: Literal["COSINE", "IP", "L2"] = "COSINE"
+    """Distance the index ranks by."""
+    batch_rows: int = Field(default=1000, ge=1)
+    """Rows per upsert call."""
+
+
+class LanceDBExport(Section):
+    kind: Literal["lancedb"] = "lancedb"
+    uri: str = ""
+    """The LanceDB database: a folder or an object-store URI (s3://bucket/db)."""
+    table: str = "bulkinfer_results"
+    """Table to upsert into by id (merge on source.id_column), made when missing."""
+    vector: str = ""
+    """The vector column (default: the output's one vector column)."""
+    columns: list[str] = Field(default_factory=list)
+    """Scalar output columns stored beside the vector (default: every other model output column)."""
+    index: Literal["none", "IVF_PQ", "IVF_HNSW_SQ", "IVF_FLAT"] = "none"
+    """Vector index built when the job completes (none: exact search)."""
+    metric: Literal["cosine", "dot", "l2"] = "cosine"
+    """Distance the index ranks by."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """Object-store options as LanceDB takes them (aws_endpoint, aws_access_key_id...). Never stored."""
+
+
 ExportConfig = Annotated[
-    Union[RedisExport, PostgresExport, RedisStreamExport, FolderExport],  # noqa: UP007
+    Union[RedisExport, PostgresExport, RedisStreamExport, FolderExport, MilvusExport, LanceDBExport],  # noqa: UP007
     Field(discriminator="kind"),
 ]
-EXPORT_KINDS = (RedisExport, PostgresExport, RedisStreamExport, FolderExport)
+EXPORT_KINDS = (RedisExport, PostgresExport, RedisStreamExport, FolderExport, MilvusExport, LanceDBExport)
 
 
 class RouteConfig(Section):

@@ -92,6 +92,14 @@ def make_target(spec: ExportConfig, where: str, redact: bool = False) -> ExportT
         from .streams import RedisStreamTarget
 
         return RedisStreamTarget(spec, where)
+    if spec.kind == "milvus":
+        from .milvus import MilvusTarget
+
+        return MilvusTarget(spec, where)
+    if spec.kind == "lancedb":
+        from .lancedb import LanceDBTarget
+
+        return LanceDBTarget(spec, where)
     from .folder import FolderTarget
 
     return FolderTarget(spec, where)

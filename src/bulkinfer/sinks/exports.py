@@ -23,13 +23,22 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from ..core.errors import OutputError
+from ..core.errors import ConfigError, OutputError
 from ..core.layout import HASH_COLUMN
 
 if TYPE_CHECKING:
     from ..plan import JobPlan
 
-__all__ = ["ExportTarget", "is_vector", "retrying", "value_columns", "vectors"]
+__all__ = [
+    "ExportTarget",
+    "float32_vectors",
+    "id_setting",
+    "is_vector",
+    "retrying",
+    "value_columns",
+    "vector_layout",
+    "vectors",
+]
 
 log = logging.getLogger("bulkinfer")
 
@@ -101,3 +110,41 @@ def vectors(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
         flat = arr.flatten().to_numpy(zero_copy_only=False)
         return flat.reshape(len(arr), arr.type.list_size).astype(np.float32, copy=False)
     return np.asarray(arr.to_pylist(), dtype=np.float32)
+
+
+def vector_layout(
+    table: pa.Table, vector: str, chosen: Sequence[str], kept: Sequence[str], where: str
+) -> tuple[str, list[str]]:
+    """What a vector database stores of each row besides its id: the vector column (``vector``,
+    else the output's one vector column) and the scalar columns (``chosen``, else every other
+    model output column that is not a vector)."""
+    if vector:
+        if vector not in table.column_names or not is_vector(table.column(vector)):
+            found = [c for c in table.column_names if is_vector(table.column(c))]
+            raise OutputError(f"{where}.vector: {vector!r} is not a vector column of the output (vectors: {found})")
+    else:
+        found = [c for c in value_columns(table, (), kept, where) if is_vector(table.column(c))]
+        if len(found) != 1:
+            raise OutputError(
+                f"{where}.vector: the output has {len(found)} vector columns ({', '.join(found) or 'none'}); "
+                "name the one to store"
+            )
+        vector = found[0]
+    scalars = [c for c in value_columns(table, chosen, kept, where) if c != vector]
+    if not chosen:
+        scalars = [c for c in scalars if not is_vector(table.column(c))]
+    return vector, scalars
+
+
+def id_setting(plan: JobPlan, where: str) -> str:
+    """The id column a vector database keys its rows by: ``source.id_column``, required."""
+    id_column = plan.config.get("source", {}).get("id_column")
+    if not id_column:
+        raise ConfigError(f"{where}: a vector database keys rows by id; set source.id_column")
+    return str(id_column)
+
+
+def float32_vectors(col: pa.ChunkedArray | pa.Array) -> pa.FixedSizeListArray:
+    """A vector column as Arrow fixed-size lists of float32 (what vector databases take)."""
+    m = vectors(col)
+    return pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1)), m.shape[1])
