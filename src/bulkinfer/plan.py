@@ -34,6 +34,7 @@ from .sources import (
     settle_types,
 )
 from .sources.encoding import LINE_FORMATS
+from .sources.feast import definitions_digest
 from .sources.parquet import forget_footers
 
 if TYPE_CHECKING:
@@ -207,6 +208,11 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "source.pad": ("reflect",),
     "source.pad_value": (0.0,),
     "source.nan_tiles": ("run",),
+    # features read from Feast (docs/feature-store.md); the views' definitions are in the identity too
+    "source.kind": ("files",),
+    "source.feast_repo": ("",),
+    "source.features": ([],),
+    "source.timestamp_column": ("event_timestamp",),
 }
 """Settings in a job's identity only when set away from their defaults, so that the identity
 (and the fingerprint) of a job that does not use them stays what it was before they existed."""
@@ -298,6 +304,9 @@ def _make_plan(
             inputs[0].uri,
         )
     identity = scrub(job_identity(cfg))  # a password changed between a crash and its resume changes nothing written
+    if cfg.source.kind == "feast":  # a changed feature view is another job
+        src = cfg.source
+        identity["source.feast_definitions"] = definitions_digest(src.feast_repo, src.features, src.id_column or "")
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),
         identity=identity,

@@ -174,12 +174,35 @@ def _ensemble_adapter(cfg: JobConfig) -> Adapter:
 
 def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     """Construct (not yet set up) the adapter for ``model`` (over tiles with a halo: its answers cut again)."""
+    if cfg.source.kind == "feast":
+        return _feast_fed(cfg, model)
     adapter = _model_adapter(cfg, model)
     if cfg.source.format in ("zarr", "netcdf") and any(cfg.source.halo.values()):
         from .tiles import Cropped
 
         return Cropped(adapter, cfg.source.halo)
     return adapter
+
+
+def _feast_fed(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+    """The model fed from Feast: the refs checked against its registry now, before any row; the
+    model's feature columns are the features' names unless model.feature_columns says otherwise."""
+    from ..sources.feast import HistoricalFeatures
+    from .feast import FeastFed
+
+    src = cfg.source
+    if not src.id_column:
+        raise ConfigError("source.id_column: a Feast source needs the entity key column")
+    if src.previous:  # an unchanged entity row may have new features: its old result is no answer
+        raise ConfigError("source.previous: a Feast source's rows are keys and times, not features; run it whole")
+    reader = HistoricalFeatures(src.feast_repo, src.features, src.id_column, src.timestamp_column)
+    names = reader.setup()
+    unknown = [c for c in cfg.model.feature_columns if c not in names]
+    if unknown:
+        raise ConfigError(f"model.feature_columns: {unknown[0]!r} is not one of source.features ({', '.join(names)})")
+    if not cfg.model.feature_columns:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"feature_columns": names})})
+    return FeastFed(_model_adapter(cfg, model), reader, src.id_column, src.timestamp_column)
 
 
 def _model_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:

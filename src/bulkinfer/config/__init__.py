@@ -14,6 +14,7 @@ from .execution import ExecutionConfig
 from .exports import (
     EXPORT_KINDS,
     ExportConfig,
+    FeastExport,
     FolderExport,
     LanceDBExport,
     MilvusExport,
@@ -36,6 +37,7 @@ __all__ = [
     "CostConfig",
     "ExecutionConfig",
     "ExportConfig",
+    "FeastExport",
     "FolderExport",
     "IndexConfig",
     "JobConfig",

@@ -104,11 +104,28 @@ class LanceDBExport(Section):
     """Object-store options as LanceDB takes them (aws_endpoint, aws_access_key_id...). Never stored."""
 
 
+class FeastExport(Section):
+    kind: Literal["feast"] = "feast"
+    repo: str = ""
+    """The Feast repo's folder (its feature_store.yaml), applied (feast apply)."""
+    push_source: str = ""
+    """The push source the predictions go through into the online store; its feature view's fields are the
+    output columns written, keyed by its entity (source.id_column)."""
+
+
 ExportConfig = Annotated[
-    Union[RedisExport, PostgresExport, RedisStreamExport, FolderExport, MilvusExport, LanceDBExport],  # noqa: UP007
+    Union[RedisExport, PostgresExport, RedisStreamExport, FolderExport, MilvusExport, LanceDBExport, FeastExport],  # noqa: UP007
     Field(discriminator="kind"),
 ]
-EXPORT_KINDS = (RedisExport, PostgresExport, RedisStreamExport, FolderExport, MilvusExport, LanceDBExport)
+EXPORT_KINDS = (
+    RedisExport,
+    PostgresExport,
+    RedisStreamExport,
+    FolderExport,
+    MilvusExport,
+    LanceDBExport,
+    FeastExport,
+)
 
 
 class RouteConfig(Section):

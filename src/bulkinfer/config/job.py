@@ -82,10 +82,13 @@ class JobConfig(Section):
     @property
     def passthrough_columns(self) -> list[str]:
         """Input columns copied to the output: the id column, a video frame's video and time, a grid
-        tile's cells (``<dim>_start``, ``<dim>_stop``), and ``sink.keep_columns``, once each."""
+        tile's cells (``<dim>_start``, ``<dim>_stop``), a Feast entity row's timestamp, and
+        ``sink.keep_columns``, once each."""
         video = ["video_id", "timestamp_s", "frame_index"] if self.source.format == "video" else []
         tiles = [f"{d}_{end}" for d in self.source.tile for end in ("start", "stop")]  # a grid tile's cells
-        return list(dict.fromkeys(c for c in [self.source.id_column, *video, *tiles, *self.sink.keep_columns] if c))
+        when = [self.source.timestamp_column] if self.source.kind == "feast" else []  # the features' as-of time
+        kept = [self.source.id_column, *video, *tiles, *when, *self.sink.keep_columns]
+        return list(dict.fromkeys(c for c in kept if c))
 
     def refuse_unrendered(self) -> None:
         """Refuse a setting that still holds a scheduler's template (``{{ ds }}``): the scheduler

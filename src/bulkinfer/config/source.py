@@ -20,6 +20,10 @@ class VideoConfig(Section):
 
 
 class SourceConfig(Section):
+    kind: Literal["files", "feast"] = "files"
+    """files: the rows are the input files' (source.paths); feast: the files are an entity table (source.id_column,
+    the entity key; source.timestamp_column) and each row's features are read from the Feast repo
+    source.feast_repo as of its timestamp (docs/feature-store.md)."""
     paths: list[str] = Field(default_factory=list)
     """Input files: paths, directories, globs or fsspec URIs (file://, memory://, s3://...)."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
@@ -102,6 +106,13 @@ class SourceConfig(Section):
     nan_tiles: Literal["run", "error"] = "run"
     """Zarr/NetCDF: a tile whose own cells are all NaN (land in an ocean grid, a gap): run gives it to the model
     as any tile; error makes it an error row naming the tile (the model never sees it)."""
+
+    feast_repo: str = ""
+    """kind = "feast": the Feast repo's folder (its feature_store.yaml), applied (feast apply)."""
+    features: list[str] = Field(default_factory=list)
+    """kind = "feast": the feature refs read for each row ("view:feature"), in the model's feature order."""
+    timestamp_column: str = "event_timestamp"
+    """kind = "feast": the entity table's column of event times; each row's features are those as of it."""
 
     @model_validator(mode="before")
     @classmethod

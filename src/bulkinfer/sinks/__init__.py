@@ -100,6 +100,10 @@ def make_target(spec: ExportConfig, where: str, redact: bool = False) -> ExportT
         from .lancedb import LanceDBTarget
 
         return LanceDBTarget(spec, where)
+    if spec.kind == "feast":
+        from .feast import FeastTarget
+
+        return FeastTarget(spec, where)
     from .folder import FolderTarget
 
     return FolderTarget(spec, where)

@@ -1,0 +1,143 @@
+"""Feast as the source of a job's features (``source.kind = "feast"``): the entity table is an
+input of today (entity keys and event timestamps, sharded and read as any file), and each window of
+its rows gets its point-in-time features from the team's feature store
+(``get_historical_features``), or, online, the latest ones (``get_online_features``).
+
+Everything that touches Feast is here: opening the repo, checking the feature refs against its
+registry before any row runs, the digest of the feature views' definitions (part of the job's
+fingerprint: a changed definition is a new job), and the two readers. Feast is imported here only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..core.errors import ConfigError
+
+__all__ = ["FeatureRefs", "HistoricalFeatures", "OnlineFeatures", "definitions_digest", "open_store"]
+
+POSITION = "__bulkinfer_position"
+"""The entity frame's column that puts Feast's answer (in its own order) back in the rows' order."""
+
+
+def open_store(repo: str, where: str = "source.feast_repo") -> Any:
+    """The Feast ``FeatureStore`` of the folder ``repo`` (its ``feature_store.yaml``), or one line."""
+    try:
+        from feast import FeatureStore
+    except ImportError:
+        raise ConfigError(f"{where}: Feast is not installed; pip install 'bulkinfer[feast]'") from None
+    if not repo:
+        raise ConfigError(f"{where}: no Feast repo; name the folder that holds feature_store.yaml")
+    if not (Path(repo) / "feature_store.yaml").is_file():
+        raise ConfigError(f"{where}: {repo} has no feature_store.yaml; name the Feast repo's folder")
+    try:
+        store = FeatureStore(repo_path=repo)
+        store.list_feature_views()  # the registry is read here: a repo never applied fails now
+    except Exception as exc:  # Feast raises many kinds for a repo that does not load
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"{where}: the Feast repo {repo} does not load ({type(exc).__name__}: {why})") from exc
+    return store
+
+
+class FeatureRefs:
+    """Feature refs (``view:feature``) checked against a store's registry, with the entity key."""
+
+    def __init__(self, store: Any, refs: Sequence[str], key: str, where: str = "source.features") -> None:
+        if not refs:
+            raise ConfigError(f"{where}: name the features (['user_stats:clicks_7d', ...])")
+        self.refs, self.key = list(refs), key
+        self.views: dict[str, Any] = {}
+        self.names: list[str] = []
+        for ref in self.refs:
+            self.names.append(self._check(store, ref, where))
+        repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"{where}: two views give a feature named {repeated[0]!r}; keep one of them")
+
+    def _check(self, store: Any, ref: str, where: str) -> str:
+        from feast.errors import FeatureViewNotFoundException
+
+        view, _, name = ref.partition(":")
+        if not view or not name:
+            raise ConfigError(f"{where}: {ref!r} is not a feature ref; write it as 'view:feature'")
+        if view not in self.views:
+            try:
+                self.views[view] = store.get_feature_view(view)
+            except FeatureViewNotFoundException:
+                known = sorted(v.name for v in store.list_feature_views())
+                raise ConfigError(
+                    f"{where}: {ref!r}: Feast has no feature view {view!r} ({', '.join(known)})"
+                ) from None
+        fv = self.views[view]
+        have = [f.name for f in fv.features]
+        if name not in have:
+            near = difflib.get_close_matches(name, have, n=1)
+            hint = f"; did you mean {view}:{near[0]}?" if near else f" ({', '.join(have)})"
+            raise ConfigError(f"{where}: {ref!r}: feature view {view!r} has no feature {name!r}{hint}")
+        if self.key not in fv.join_keys:
+            raise ConfigError(
+                f"source.id_column: {self.key!r} is not feature view {view!r}'s entity key ({', '.join(fv.join_keys)})"
+            )
+        return name
+
+
+def definitions_digest(repo: str, refs: Sequence[str], key: str) -> str:
+    """A digest of the definitions of the feature views ``refs`` read (their specs as the registry
+    holds them): a changed definition changes the job's fingerprint."""
+    checked = FeatureRefs(open_store(repo), refs, key)
+    h = hashlib.sha256()
+    for name in sorted(checked.views):
+        h.update(name.encode())
+        h.update(checked.views[name].to_proto().spec.SerializeToString(deterministic=True))
+    return h.hexdigest()[:16]
+
+
+class HistoricalFeatures:
+    """Point-in-time features of entity rows (key, event time), in the rows' order, as Arrow columns."""
+
+    def __init__(self, repo: str, refs: Sequence[str], key: str, timestamp: str) -> None:
+        self.repo, self.key, self.timestamp = repo, key, timestamp
+        self.store: Any = None
+        self.checked: FeatureRefs | None = None
+        self.refs = list(refs)
+        self._lock = threading.Lock()  # one Feast call at a time: its store is not documented thread-safe
+
+    def setup(self) -> list[str]:
+        self.store = open_store(self.repo)
+        self.checked = FeatureRefs(self.store, self.refs, self.key)
+        return self.checked.names
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        import pandas as pd
+
+        assert self.checked is not None, "setup() first"
+        times = pd.to_datetime(table.column(self.timestamp).to_pandas(), utc=True)
+        entities = pd.DataFrame(
+            {self.key: table.column(self.key).to_pandas(), "event_timestamp": times, POSITION: np.arange(len(times))}
+        )
+        with self._lock:
+            found = self.store.get_historical_features(entity_df=entities, features=self.refs).to_df()
+        found = found.sort_values(POSITION, kind="stable")
+        return pa.Table.from_pandas(found[self.checked.names], preserve_index=False)
+
+
+class OnlineFeatures:
+    """The latest features of entity keys from the online store, in the keys' order."""
+
+    def __init__(self, repo: str, refs: Sequence[str], key: str) -> None:
+        self.store = open_store(repo, "serve.features")
+        self.checked = FeatureRefs(self.store, refs, key)
+        self.key = key
+
+    def __call__(self, keys: Sequence[Any]) -> pa.Table:
+        rows = [{self.key: k} for k in keys]
+        found = self.store.get_online_features(features=self.checked.refs, entity_rows=rows).to_dict()
+        return pa.table({n: pa.array(found[n], pa.float64()) for n in self.checked.names})
