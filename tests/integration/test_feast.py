@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from helpers import cli, crash_then_rerun, read_output, write
+from helpers import Server, cli, crash_then_rerun, read_output, write
 
 pytest.importorskip("feast", reason="the feast extra (make install adds it)")
 
@@ -136,6 +136,50 @@ def test_each_row_gets_its_features_as_of_its_time_and_the_predictions_reach_the
     with sqlite3.connect(shop / "repo" / "data" / "online.db") as db:
         (rows, keys), = db.execute("SELECT count(*), count(DISTINCT entity_key) FROM shop_predictions").fetchall()
     assert rows == keys == N  # one value per entity, however often a part was pushed
+
+
+def test_serve_reads_the_same_features_online_and_skew_names_a_feature_changed_there(shop):
+    import json
+
+    import httpx
+    from feast import FeatureStore
+
+    cli("run", "job.toml", "--progress", "none", cwd=shop, check=True)
+    store = FeatureStore(repo_path=str(shop / "repo"))
+    store.materialize(T0 - dt.timedelta(days=1), T1 + dt.timedelta(days=1))  # the latest values online: T1's
+    out = read_output(shop / "out")
+    batch = dict(zip(out.column("user_id").to_pylist(), out.column("score").to_pylist(), strict=True))
+    server = Server(["job.toml", "--set", "serve.features=true"], shop)
+    try:  # the even users asked after T1: the batch job read T1's values, as the online store has them
+        answer = httpx.post(f"{server.url}/v1/predict?features=true", json={"rows": [{"user_id": 2}, {"user_id": 4}]})
+    finally:
+        server.stop()
+    assert answer.status_code == 200, answer.text
+    rows = answer.json()["rows"]
+    assert [r["score"] for r in rows] == pytest.approx([batch[2], batch[4]])
+    assert rows[0]["features"] == pytest.approx({"clicks_7d": 102.0, "spend_30d": 104.0, "visits": 12.0})
+    clean = cli("skew", "out", "--json", "--sample", "50", cwd=shop)
+    assert clean.returncode == 0, clean.stderr
+    report = json.loads(clean.stdout)
+    assert report["entities"] == 50 and report["worst_share"] == 0.0
+    assert set(report["features"]) == {"clicks_7d", "spend_30d", "visits"} and set(report["outputs"]) == {"score"}
+    store.write_to_online_store("user_stats", pd_frame(list(range(N))))  # every user's: no sample misses it
+    skewed = cli("skew", "out", "--json", "--sample", "50", cwd=shop)
+    assert skewed.returncode == 1, skewed.stderr
+    report = json.loads(skewed.stdout)
+    assert report["features"]["clicks_7d"] == {"differ": 50, "max_abs_difference": pytest.approx(5.0)}
+    assert report["features"]["spend_30d"]["differ"] == report["features"]["visits"]["differ"] == 0
+    assert report["outputs"]["score"]["differ"] == 50
+
+
+def pd_frame(users: list[int]):
+    """Every user's T1 values with clicks_7d 5 higher, stamped after T1 (the online store's latest)."""
+    import pandas as pd
+
+    u = np.asarray(users)
+    values = feature_values(u, True)
+    values["clicks_7d"] = values["clicks_7d"] + 5
+    return pd.DataFrame({"user_id": u, "event_timestamp": [T1 + dt.timedelta(hours=1)] * len(u), **values})
 
 
 def test_a_changed_feature_view_is_another_job(shop):

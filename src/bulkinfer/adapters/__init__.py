@@ -172,10 +172,13 @@ def _ensemble_adapter(cfg: JobConfig) -> Adapter:
     return ModerationRequests(ensemble, names, cfg.moderation, category_kinds(cfg, ensemble))
 
 
-def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
-    """Construct (not yet set up) the adapter for ``model`` (over tiles with a halo: its answers cut again)."""
+def build_adapter(cfg: JobConfig, model: ResolvedModel, online: bool = False) -> Adapter:
+    """Construct (not yet set up) the adapter for ``model`` (over tiles with a halo: its answers cut again;
+    ``online``: for ``serve``, where serve.features reads a Feast source's online store)."""
     if cfg.source.kind == "feast":
-        return _feast_fed(cfg, model)
+        return _feast_fed(cfg, model, online and cfg.serve.features)
+    if cfg.serve.features and online:
+        raise ConfigError('serve.features: serves the features of a Feast source; set source.kind = "feast"')
     adapter = _model_adapter(cfg, model)
     if cfg.source.format in ("zarr", "netcdf") and any(cfg.source.halo.values()):
         from .tiles import Cropped
@@ -184,10 +187,11 @@ def build_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:
     return adapter
 
 
-def _feast_fed(cfg: JobConfig, model: ResolvedModel) -> Adapter:
+def _feast_fed(cfg: JobConfig, model: ResolvedModel, online: bool) -> Adapter:
     """The model fed from Feast: the refs checked against its registry now, before any row; the
-    model's feature columns are the features' names unless model.feature_columns says otherwise."""
-    from ..sources.feast import HistoricalFeatures
+    model's feature columns are the features' names unless model.feature_columns says otherwise.
+    ``online``: each entity's latest features from the online store (no timestamp)."""
+    from ..sources.feast import HistoricalFeatures, OnlineFeatures
     from .feast import FeastFed
 
     src = cfg.source
@@ -195,14 +199,19 @@ def _feast_fed(cfg: JobConfig, model: ResolvedModel) -> Adapter:
         raise ConfigError("source.id_column: a Feast source needs the entity key column")
     if src.previous:  # an unchanged entity row may have new features: its old result is no answer
         raise ConfigError("source.previous: a Feast source's rows are keys and times, not features; run it whole")
-    reader = HistoricalFeatures(src.feast_repo, src.features, src.id_column, src.timestamp_column)
+    reader: HistoricalFeatures | OnlineFeatures
+    if online:
+        reader = OnlineFeatures(src.feast_repo, src.features, src.id_column)
+    else:
+        reader = HistoricalFeatures(src.feast_repo, src.features, src.id_column, src.timestamp_column)
     names = reader.setup()
     unknown = [c for c in cfg.model.feature_columns if c not in names]
     if unknown:
         raise ConfigError(f"model.feature_columns: {unknown[0]!r} is not one of source.features ({', '.join(names)})")
     if not cfg.model.feature_columns:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"feature_columns": names})})
-    return FeastFed(_model_adapter(cfg, model), reader, src.id_column, src.timestamp_column)
+    columns = (src.id_column,) if online else (src.id_column, src.timestamp_column)
+    return FeastFed(_model_adapter(cfg, model), reader, columns)
 
 
 def _model_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:

@@ -4,13 +4,12 @@ model as the feature columns it was trained on."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..sources.feast import HistoricalFeatures
 from .protocol import Adapter, SetupContext
 
 __all__ = ["FeastFed"]
@@ -21,11 +20,12 @@ large; a shard of 10,000 rows is one call."""
 
 
 class FeastFed(Adapter):
-    """``inner`` (a model over feature columns) fed each row's features as ``reader`` finds them."""
+    """``inner`` (a model over feature columns) fed each row's features as ``reader`` finds them
+    for the rows' ``columns`` (the entity key and event time; online, the key alone)."""
 
-    def __init__(self, inner: Adapter, reader: HistoricalFeatures, key: str, timestamp: str) -> None:
+    def __init__(self, inner: Adapter, reader: Callable[[pa.Table], pa.Table], columns: Sequence[str]) -> None:
         self.inner, self.reader = inner, reader
-        self.input_columns = (key, timestamp)
+        self.input_columns = tuple(columns)
         self.batch_size_hint = inner.batch_size_hint
         self.window_rows = max(inner.window_rows or 0, WINDOW_ROWS)
         self.output_columns = inner.output_columns

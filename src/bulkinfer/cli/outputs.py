@@ -319,3 +319,33 @@ def _print_review(figures: dict[str, Any], as_json: bool) -> None:
     shown = {k: "-" if figures[k] is None else f"{figures[k]:.2f}" for k in ("precision", "miss_rate", "recall")}
     typer.echo(f"rule: precision {shown['precision']}  recall {shown['recall']}  miss rate {shown['miss_rate']}"
                + ("" if figures["recall"] is not None else "  (recall: review --audit N published rows)"))  # fmt: skip
+
+
+def skew(
+    output: Annotated[str, typer.Argument(help="A finished output of a Feast-sourced job (source.kind = feast).")],
+    sample: Annotated[int, typer.Option(help="Entities checked: those whose ids hash lowest.", min=1)] = 100,
+    max_share: Annotated[
+        float, typer.Option(help="Exit 1 when more than this share of entities differ on a feature or output.")
+    ] = 0.0,
+    tolerance: Annotated[float, typer.Option(help="Differences up to this are equal.", min=0)] = 1e-9,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Online/offline skew: features read online now and offline as of now, and the model's answers on each."""
+    prepare(quiet)
+    from ..serve.skew import measure_skew
+
+    try:
+        found = measure_skew(output, sample, tolerance)
+    except BulkinferError as exc:
+        raise fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps({**asdict(found), "worst_share": found.worst_share()}, indent=1))
+    else:
+        typer.echo(f"{found.entities} entities, online now against offline as of now:")
+        for kind, figures in (("feature", found.features), ("output", found.outputs)):
+            for name, f in figures.items():
+                gap = f["max_abs_difference"]
+                typer.echo(f"  {kind} {name:<24} {f['differ']:>6} differ   max |difference| {gap:.6g}")
+    if found.worst_share() > max_share:
+        raise typer.Exit(1)

@@ -41,6 +41,10 @@ class ServeConfig(Section):
     reload_s: float = Field(default=10.0, ge=0)
     """How often to look for a newer index (a kNN model) or a newer finished run (serve.results), and swap
     it in without dropping requests (0: never)."""
+    features: bool = False
+    """A Feast-sourced job (source.kind = "feast"): requests carry only the entity key and the model gets the
+    entity's features from the online store (get_online_features) instead of as of a timestamp sent;
+    POST /v1/predict?features=true adds each row's feature values to the answer."""
     results: str | None = None
     """GET /v1/results/{id} answers from: a finished Parquet run's folder, or redis://... (the current
     snapshot of the job's versioned [[export]] kind = "redis")."""

@@ -84,7 +84,7 @@ def settle(cfg: JobConfig, *, online: bool = False, on_cluster: OnCluster | None
     if cfg.runtime.precision == "auto" and started:
         cfg = _as_resumed(cfg, started)
     cfg = _precision(cfg, model, on_cluster)
-    adapter = build_adapter(cfg, model)
+    adapter = build_adapter(cfg, model, online)
     cfg = _batch_size(cfg, model.digest, adapter)
     if not online:
         cfg = _input_hash(cfg, model, started)

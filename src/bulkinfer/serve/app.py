@@ -66,6 +66,9 @@ class _Routes:
         server.keys.charge_rows(request, table.num_rows)
         answer = await server.infer(table)
         answered = server.answer_rows(table, answer.columns)
+        if request.query_params.get("features") == "true":  # the Feast features read for each row
+            for row, used in zip(answered, await asyncio.to_thread(server.feature_values, table), strict=True):
+                row["features"] = used
         return JSONResponse({"model": server.name, "answered_by": "live", "rows": answered})
 
     async def results(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..adapters import Adapter, RowsRejected, job_setup_context, served_names
+from ..adapters.feast import FeastFed
 from ..adapters.moderation_requests import category_kinds
 from ..config import JobConfig
 from ..core.errors import BulkinferError, ConfigError
@@ -191,6 +192,13 @@ class Server:
             raise ApiError(
                 422, f"the model failed on this request: {type(exc).__name__}: {message}", "model_error"
             ) from None
+
+    def feature_values(self, table: pa.Table) -> list[dict[str, Any]]:
+        """Each row's Feast features as the model's reader finds them (read again for the answer)."""
+        if not isinstance(self.adapter, FeastFed):
+            raise ApiError(400, "features=true: this model reads no Feast features", "invalid_request")
+        rows: list[dict[str, Any]] = self.adapter.reader(table).to_pylist()
+        return rows
 
     def answer_rows(self, table: pa.Table, outputs: dict[str, pa.Array]) -> list[dict[str, Any]]:
         """Kept input columns and the model's, as an offline run writes them."""

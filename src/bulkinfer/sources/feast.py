@@ -130,14 +130,20 @@ class HistoricalFeatures:
 
 
 class OnlineFeatures:
-    """The latest features of entity keys from the online store, in the keys' order."""
+    """The latest features of entity keys from the online store, in the rows' order."""
 
     def __init__(self, repo: str, refs: Sequence[str], key: str) -> None:
-        self.store = open_store(repo, "serve.features")
-        self.checked = FeatureRefs(self.store, refs, key)
-        self.key = key
+        self.repo, self.refs, self.key = repo, list(refs), key
+        self.store: Any = None
+        self.checked: FeatureRefs | None = None
 
-    def __call__(self, keys: Sequence[Any]) -> pa.Table:
-        rows = [{self.key: k} for k in keys]
-        found = self.store.get_online_features(features=self.checked.refs, entity_rows=rows).to_dict()
-        return pa.table({n: pa.array(found[n], pa.float64()) for n in self.checked.names})
+    def setup(self) -> list[str]:
+        self.store = open_store(self.repo)
+        self.checked = FeatureRefs(self.store, self.refs, self.key)
+        return self.checked.names
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        assert self.checked is not None, "setup() first"
+        rows = [{self.key: k} for k in table.column(self.key).to_pylist()]
+        found = self.store.get_online_features(features=self.refs, entity_rows=rows).to_dict()
+        return pa.table({n: pa.array(found[n]) for n in self.checked.names})

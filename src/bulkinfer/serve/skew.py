@@ -1,0 +1,98 @@
+"""``bulkinfer skew OUT``: online/offline skew of a Feast-sourced job's features, measured. For a
+sample of the output's entities (those whose ids hash lowest: the same every time), their features
+are read from the online store now and from the offline store as of now, the job's model predicts
+on both, and each feature and output column says how many entities differ and by how much.
+
+It lives beside ``serve`` because it answers the question ``serve.features`` raises: does the
+server see the features the batch job saw?
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..adapters import job_setup_context, predict_table
+from ..adapters.feast import FeastFed
+from ..config import JobConfig
+from ..core.errors import ConfigError
+from ..finished.read import finished_output, part_batches
+from ..outputs.compare import id_hashes
+from ..precision.settle import settle
+from ..sources.feast import OnlineFeatures
+
+__all__ = ["Skew", "measure_skew"]
+
+
+@dataclass
+class Skew:
+    """Per feature and per output column: how many sampled entities differ, and the largest difference."""
+
+    entities: int
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def worst_share(self) -> float:
+        """The largest share of entities that differ on any one feature or output column."""
+        counts = [v["differ"] for v in [*self.features.values(), *self.outputs.values()]]
+        return max(counts, default=0) / self.entities if self.entities else 0.0
+
+
+def measure_skew(out: str, sample: int = 100, tolerance: float = 1e-9) -> Skew:
+    """Online against offline (as of now) for ``sample`` of ``out``'s entities."""
+    parts, job = finished_output(out, "checked for skew")
+    cfg = JobConfig.model_validate(job["config"])
+    src = cfg.source
+    if src.kind != "feast" or not src.id_column:
+        raise ConfigError(f"{out}: its job read no Feast features (source.kind = {src.kind!r}); skew needs such a job")
+    ids = _sample(parts, src.id_column, sample)
+    settled = settle(cfg, online=True)
+    adapter = settled.adapter
+    assert isinstance(adapter, FeastFed)
+    adapter.setup(job_setup_context(settled.cfg, online=True))
+    try:
+        now = pa.array([dt.datetime.now(dt.UTC)] * len(ids), pa.timestamp("us", "UTC"))
+        offline = adapter.reader(pa.table({src.id_column: ids, src.timestamp_column: now}))
+        online_reader = OnlineFeatures(src.feast_repo, src.features, src.id_column)
+        online_reader.setup()
+        online = online_reader(pa.table({src.id_column: ids}))
+        size = settled.cfg.runtime.batch_size
+        batch = size if isinstance(size, int) else 1024
+        predicted = [predict_table(adapter.inner, t, batch) for t in (offline, online)]
+    finally:
+        adapter.close()
+    skew = Skew(len(ids))
+    skew.features = {n: _difference(offline.column(n), online.column(n), tolerance) for n in offline.column_names}
+    skew.outputs = {n: _difference(predicted[0][n], predicted[1][n], tolerance) for n in predicted[0]}
+    return skew
+
+
+def _sample(parts: list[Any], id_column: str, n: int) -> pa.Array:
+    """The ``n`` ids of the output that hash lowest."""
+    best_hashes, best = np.empty(0, np.uint64), None
+    for part in parts:
+        for b in part_batches(part, [id_column], "the job needs an id column"):
+            hashes = np.concatenate([best_hashes, id_hashes(b.column(0))])
+            ids = b.column(0) if best is None else pa.concat_arrays([best, b.column(0)])
+            keep = np.argsort(hashes, kind="stable")[:n]
+            best_hashes, best = hashes[keep], ids.take(pa.array(keep))
+    return best if best is not None else pa.array([])
+
+
+def _difference(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray, tolerance: float) -> dict[str, Any]:
+    """How many values differ (a missing value against a present one counts) and the largest gap."""
+    differ, largest = 0, 0.0
+    for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True):
+        if x is None or y is None or isinstance(x, str) or isinstance(y, str):
+            gap = 0.0 if x == y else math.inf
+        else:
+            gap = float(np.max(np.abs(np.asarray(x, float) - np.asarray(y, float))))
+        if gap > tolerance:
+            differ += 1
+            largest = max(largest, gap)
+    return {"differ": differ, "max_abs_difference": largest}
