@@ -12,7 +12,7 @@ checked against the featuriser's before any row runs.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError
 from ..core.tensors import tensor_column
-from .protocol import Adapter, RowsRejected, SetupContext
+from .protocol import Adapter, RowsRejected, Wrapped
 
 __all__ = ["Featurized", "Featurizer", "MoleculeError", "featurizer"]
 
@@ -80,21 +80,21 @@ def featurizer(kind: str, radius: int, bits: int, names: Sequence[str]) -> Featu
     return Featurizer(chosen, lambda mol: np.array([f(mol) for f in functions], np.float64), np.float64)
 
 
-class Featurized(Adapter):
+class Featurized(Wrapped):
     """``inner`` (a tabular or one-matrix ONNX adapter) fed ``features`` of the SMILES in ``column``."""
 
+    cost = Adapter.cost  # the rows are a feature matrix of our own: sliced as any matrix, not as inner's features
+    select = Adapter.select
+
     def __init__(self, inner: Adapter, features: Featurizer, column: str, matrix_column: str | None = None) -> None:
-        self.inner, self.features, self.column = inner, features, column
+        super().__init__(inner)
+        self.features, self.column = features, column
         self.matrix_column = matrix_column  # an ONNX model's: its one input's column, given as one tensor column
         self.input_columns = (column,)
         # a call's features as float64 (what a tree model converts them to) near 64 MB: 4,096 rows of 2,048
         # bits (a joblib model's 65,536-row calls made 1 GB matrices); a window, four calls
         self.batch_size_hint = min(inner.batch_size_hint or 4096, max(64, (64 << 20) // (8 * len(features.names))))
         self.window_rows = 4 * self.batch_size_hint
-        self.output_columns = inner.output_columns
-
-    def setup(self, ctx: SetupContext) -> None:
-        self.inner.setup(ctx)
 
     def preprocess(self, table: pa.Table) -> np.ndarray:
         return self.features(table.column(self.column).to_pylist())
@@ -103,15 +103,6 @@ class Featurized(Adapter):
         if self.matrix_column is None:
             return self.inner.predict(batch)
         return self.inner.predict(pa.table({self.matrix_column: tensor_column(batch)}))
-
-    def postprocess(self, outputs: Any) -> Mapping[str, Any]:
-        return self.inner.postprocess(outputs)
-
-    def take_figures(self) -> Mapping[str, Any]:
-        return self.inner.take_figures()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def featurized(

@@ -31,6 +31,7 @@ __all__ = [
     "Adapter",
     "RowsRejected",
     "SetupContext",
+    "Wrapped",
     "predict_features",
     "predict_table",
     "to_arrow_column",
@@ -120,6 +121,41 @@ class Adapter:
 
     def close(self) -> None:
         """Release resources (called once at the end)."""
+
+
+class Wrapped(Adapter):
+    """An adapter around ``inner`` that changes one step (features made another way, answers cut):
+    every step it does not override is ``inner``'s, and so are its hints and columns."""
+
+    def __init__(self, inner: Adapter) -> None:
+        self.inner = inner
+        self.input_columns = inner.input_columns
+        self.batch_size_hint, self.window_rows = inner.batch_size_hint, inner.window_rows
+        self.output_columns, self.picture_column = inner.output_columns, inner.picture_column
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.inner.setup(ctx)
+
+    def preprocess(self, table: pa.Table) -> Any:
+        return self.inner.preprocess(table)
+
+    def cost(self, features: Any) -> Sequence[int] | None:
+        return self.inner.cost(features)
+
+    def select(self, features: Any, indices: np.ndarray) -> Any:
+        return self.inner.select(features, indices)
+
+    def predict(self, batch: Any) -> Any:
+        return self.inner.predict(batch)
+
+    def postprocess(self, outputs: Any) -> Mapping[str, Any]:
+        return self.inner.postprocess(outputs)
+
+    def take_figures(self) -> Mapping[str, Any]:
+        return self.inner.take_figures()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def to_arrow_column(values: Any, name: str = "column") -> pa.Array:

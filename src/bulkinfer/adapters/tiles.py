@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .protocol import Adapter, SetupContext
+from .protocol import Adapter, Wrapped
 
 __all__ = ["Cropped", "crop"]
 
@@ -26,18 +26,14 @@ def crop(values: Any, padded: tuple[int, ...], halos: tuple[int, ...]) -> Any:
     return values[cut]
 
 
-class Cropped(Adapter):
+class Cropped(Wrapped):
     """``inner`` over the ``column`` of tiles, its answers cut by ``halo`` (cells per dimension)."""
 
     def __init__(self, inner: Adapter, halo: Mapping[str, int], column: str = "tile") -> None:
-        self.inner, self.halo, self.column = inner, dict(halo), column
-        self.input_columns = inner.input_columns
-        self.batch_size_hint, self.output_columns = inner.batch_size_hint, inner.output_columns
+        super().__init__(inner)
+        self.halo, self.column = dict(halo), column
         self._padded: tuple[int, ...] = ()
         self._halos: tuple[int, ...] = ()
-
-    def setup(self, ctx: SetupContext) -> None:
-        self.inner.setup(ctx)
 
     def preprocess(self, table: pa.Table) -> Any:
         kind = table.schema.field(self.column).type if self.column in table.column_names else None
@@ -46,23 +42,8 @@ class Cropped(Adapter):
             self._halos = tuple(self.halo.get(name, 0) for name in kind.dim_names[1:])
         return self.inner.preprocess(table)
 
-    def cost(self, features: Any) -> Any:
-        return self.inner.cost(features)
-
-    def select(self, features: Any, indices: np.ndarray) -> Any:
-        return self.inner.select(features, indices)
-
-    def predict(self, batch: Any) -> Any:
-        return self.inner.predict(batch)
-
     def postprocess(self, outputs: Any) -> Mapping[str, Any]:
         columns = self.inner.postprocess(outputs)
         if not any(self._halos):
             return columns
         return {name: crop(values, self._padded, self._halos) for name, values in columns.items()}
-
-    def take_figures(self) -> Mapping[str, Any]:
-        return self.inner.take_figures()
-
-    def close(self) -> None:
-        self.inner.close()

@@ -68,6 +68,18 @@ def id_hashes(ids: pa.Array) -> np.ndarray:
     return splitmix64(keys) if pa.types.is_integer(ids.type) and ids.null_count == 0 else keys
 
 
+def lowest_ids(parts: list[Part], id_column: str, n: int) -> pa.Array | None:
+    """The ``n`` ids of ``parts`` whose hashes are lowest (the same sample every time; None: no rows)."""
+    best_hashes, best = np.empty(0, np.uint64), None
+    for part in parts:
+        for batch in part_batches(part, [id_column], "the job needs an id column"):
+            hashes = np.concatenate([best_hashes, id_hashes(batch.column(0))])
+            ids = batch.column(0) if best is None else pa.concat_arrays([best, batch.column(0)])
+            keep = np.argsort(hashes, kind="stable")[:n]
+            best_hashes, best = hashes[keep], ids.take(pa.array(keep))
+    return best
+
+
 # -- partitioning -----------------------------------------------------------------------
 def _partition(
     parts: list[Part], columns: list[str], folder: Path, buckets: int, threshold: int | None

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError
 from ..finished.read import finished_output, part_batches, part_schema
-from .compare import id_hashes
+from .compare import lowest_ids
 from .review import DECISIONS, queue_folder, sent_by
 
 __all__ = ["AUDIT_RULE", "QueueRows", "gate_figures", "queue_rows", "read_verdicts", "review_figures", "reviewed"]
@@ -75,16 +75,9 @@ def _spread(first: list[str], second: list[str]) -> list[str]:
 
 def _audit_sample(parts: list[Any], id_column: str, n: int) -> pa.Table:
     """The ``n`` rows of ``parts`` whose ids hash lowest: their ids in one pass, the rows in a second."""
-    import numpy as np
     import pyarrow.compute as pc
 
-    best_hashes, best_ids = np.empty(0, np.uint64), None
-    for part in parts:
-        for batch in part_batches(part, [id_column], "the job needs an id column to audit"):
-            hashes = np.concatenate([best_hashes, id_hashes(batch.column(0))])
-            ids = batch.column(0) if best_ids is None else pa.concat_arrays([best_ids, batch.column(0)])
-            keep = np.argsort(hashes, kind="stable")[:n]
-            best_hashes, best_ids = hashes[keep], ids.take(pa.array(keep))
+    best_ids = lowest_ids(parts, id_column, n)
     schema = part_schema(parts)
     if best_ids is None or schema is None:
         return pa.table({id_column: pa.array([], pa.string())})

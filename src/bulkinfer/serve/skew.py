@@ -21,8 +21,8 @@ from ..adapters import job_setup_context, predict_table
 from ..adapters.feast import FeastFed
 from ..config import JobConfig
 from ..core.errors import ConfigError
-from ..finished.read import finished_output, part_batches
-from ..outputs.compare import id_hashes
+from ..finished.read import finished_output
+from ..outputs.compare import lowest_ids
 from ..precision.settle import settle
 from ..sources.feast import OnlineFeatures
 
@@ -50,7 +50,9 @@ def measure_skew(out: str, sample: int = 100, tolerance: float = 1e-9) -> Skew:
     src = cfg.source
     if src.kind != "feast" or not src.id_column:
         raise ConfigError(f"{out}: its job read no Feast features (source.kind = {src.kind!r}); skew needs such a job")
-    ids = _sample(parts, src.id_column, sample)
+    ids = lowest_ids(parts, src.id_column, sample)
+    if ids is None:
+        raise ConfigError(f"{out}: the output has no rows to check")
     settled = settle(cfg, online=True)
     adapter = settled.adapter
     assert isinstance(adapter, FeastFed)
@@ -70,18 +72,6 @@ def measure_skew(out: str, sample: int = 100, tolerance: float = 1e-9) -> Skew:
     skew.features = {n: _difference(offline.column(n), online.column(n), tolerance) for n in offline.column_names}
     skew.outputs = {n: _difference(predicted[0][n], predicted[1][n], tolerance) for n in predicted[0]}
     return skew
-
-
-def _sample(parts: list[Any], id_column: str, n: int) -> pa.Array:
-    """The ``n`` ids of the output that hash lowest."""
-    best_hashes, best = np.empty(0, np.uint64), None
-    for part in parts:
-        for b in part_batches(part, [id_column], "the job needs an id column"):
-            hashes = np.concatenate([best_hashes, id_hashes(b.column(0))])
-            ids = b.column(0) if best is None else pa.concat_arrays([best, b.column(0)])
-            keep = np.argsort(hashes, kind="stable")[:n]
-            best_hashes, best = hashes[keep], ids.take(pa.array(keep))
-    return best if best is not None else pa.array([])
 
 
 def _difference(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray, tolerance: float) -> dict[str, Any]:

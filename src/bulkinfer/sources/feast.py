@@ -100,20 +100,28 @@ def definitions_digest(repo: str, refs: Sequence[str], key: str) -> str:
     return h.hexdigest()[:16]
 
 
-class HistoricalFeatures:
-    """Point-in-time features of entity rows (key, event time), in the rows' order, as Arrow columns."""
+class _Reader:
+    """Features of entity rows from one repo's store: ``setup`` opens it and checks the refs."""
 
-    def __init__(self, repo: str, refs: Sequence[str], key: str, timestamp: str) -> None:
-        self.repo, self.key, self.timestamp = repo, key, timestamp
+    def __init__(self, repo: str, refs: Sequence[str], key: str) -> None:
+        self.repo, self.refs, self.key = repo, list(refs), key
         self.store: Any = None
         self.checked: FeatureRefs | None = None
-        self.refs = list(refs)
-        self._lock = threading.Lock()  # one Feast call at a time: its store is not documented thread-safe
 
     def setup(self) -> list[str]:
+        """Open the store and check the refs; the features' names, in the refs' order."""
         self.store = open_store(self.repo)
         self.checked = FeatureRefs(self.store, self.refs, self.key)
         return self.checked.names
+
+
+class HistoricalFeatures(_Reader):
+    """Point-in-time features of entity rows (key, event time), in the rows' order, as Arrow columns."""
+
+    def __init__(self, repo: str, refs: Sequence[str], key: str, timestamp: str) -> None:
+        super().__init__(repo, refs, key)
+        self.timestamp = timestamp
+        self._lock = threading.Lock()  # one Feast call at a time: its store is not documented thread-safe
 
     def __call__(self, table: pa.Table) -> pa.Table:
         import pandas as pd
@@ -129,18 +137,8 @@ class HistoricalFeatures:
         return pa.Table.from_pandas(found[self.checked.names], preserve_index=False)
 
 
-class OnlineFeatures:
+class OnlineFeatures(_Reader):
     """The latest features of entity keys from the online store, in the rows' order."""
-
-    def __init__(self, repo: str, refs: Sequence[str], key: str) -> None:
-        self.repo, self.refs, self.key = repo, list(refs), key
-        self.store: Any = None
-        self.checked: FeatureRefs | None = None
-
-    def setup(self) -> list[str]:
-        self.store = open_store(self.repo)
-        self.checked = FeatureRefs(self.store, self.refs, self.key)
-        return self.checked.names
 
     def __call__(self, table: pa.Table) -> pa.Table:
         assert self.checked is not None, "setup() first"
