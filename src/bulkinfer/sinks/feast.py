@@ -42,9 +42,9 @@ class FeastTarget:
         self.planned = dt.datetime.now(dt.UTC)
 
     def start(self, plan: JobPlan, kept: Sequence[str]) -> None:
+        self.store = open_store(self.spec.repo, f"{self.where}.repo")  # one line when Feast is not installed
         from feast.data_source import PushSource
 
-        self.store = open_store(self.spec.repo, f"{self.where}.repo")
         self.key = id_setting(plan, self.where)
         try:
             source = self.store.get_data_source(self.spec.push_source)
