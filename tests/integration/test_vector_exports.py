@@ -80,7 +80,7 @@ def _same_as_output(folder, ids: list[str], matrix: np.ndarray) -> None:
 
 @pytest.mark.parametrize(
     "kind, point",
-    [("milvus", "export-milvus-upserted:3"), ("milvus", "exported:4"), ("lancedb", "export-lancedb-merged:3")],
+    [("milvus", "export-milvus-upserted:3"), ("milvus", "exported:4"), ("lancedb", "export-lancedb-written:3")],
 )
 def test_every_id_once_after_a_sigkill_mid_export_and_the_rerun(folder, kind, point):
     target = {"kind": "milvus", "uri": str(folder / "items.db"), "collection": "items", "batch_rows": 20}

@@ -3,7 +3,9 @@ folder or an object-store URI; made when missing, with the vector as fixed-size 
 and the vector index the config names built when the job completes.
 
 A merge on the id (update when matched, insert when not) makes a replayed part (a crash between
-the export and the ledger line) change nothing: every id is in the table once. An existing table
+the export and the ledger line) change nothing: every id is in the table once. A table the run
+itself made (empty when made) takes its parts by plain appends, twice as fast: within one run no
+part is written twice, and a resumed run finds the table there and merges. An existing table
 must have the id column and a vector of the output's dimension; anything else is refused before
 the first row is sent to it.
 """
@@ -46,6 +48,7 @@ class LanceDBTarget:
         self.id_column = ""
         self.layout: tuple[str, list[str]] | None = None
         self._checked = False
+        self._fresh = False  # the table was made by this run: parts are appended, not merged
 
     def start(self, plan: JobPlan, kept: Sequence[str]) -> None:
         try:
@@ -78,14 +81,20 @@ class LanceDBTarget:
         )  # fmt: skip
         if self.table is None:
             self.table = self.db.create_table(self.spec.table, schema=rows.schema, exist_ok=True)
+            self._fresh = len(self.table.schema) == rows.num_columns and self.table.count_rows() == 0
         if not self._checked:
             self._check(rows.schema, vector)
             self._checked = True
         try:
-            self.table.merge_insert(self.id_column).when_matched_update_all().when_not_matched_insert_all().execute(rows)
+            if self._fresh:  # a table this run made: no part of it is there twice, appends are enough
+                self.table.add(rows)
+            else:
+                self.table.merge_insert(self.id_column).when_matched_update_all().when_not_matched_insert_all().execute(
+                    rows
+                )
         except (OSError, ValueError, RuntimeError) as exc:
             raise OutputError(f"{self.name}: writing {part}: {' '.join(str(exc).split())[:300]}") from exc
-        crash_point("export-lancedb-merged")
+        crash_point("export-lancedb-written")
 
     def complete(self) -> None:
         if self.table is None or self.spec.index == "none" or self.layout is None:
