@@ -151,3 +151,29 @@ def test_the_docs_screen_keeps_the_best_k_molecules(tmp_path, library):
         for a, b in zip(best["prediction"].to_pylist(), [s for s, _ in full], strict=True)
     )
     assert json.loads((tmp_path / "hits" / "_SUCCESS").read_text())["rows_failed"] == len(BAD)
+
+
+@pytest.mark.parametrize("kind", ["morgan", "descriptors"])
+def test_the_featurisers_processes_answer_as_one_process_does_bad_rows_named_where_they_are(kind):
+    from bulkinfer.adapters.molecules import POOL_CHUNK, MoleculeError, featurizer
+    from bulkinfer.adapters.protocol import RowsRejected
+
+    n = 2 * POOL_CHUNK + 300  # three tasks, the last one short
+    smiles = _library(n)["smiles"].to_pylist()
+    smiles[POOL_CHUNK + 5] = "C1CC"  # a bad one in the second task: named by its row in the whole call
+    names = ["MolWt", "TPSA", "NumHDonors"] if kind == "descriptors" else []
+    here = featurizer(kind, 2, 1024, names)
+    pooled = featurizer(kind, 2, 1024, names)
+    pooled.use_processes(2)
+    try:
+        want, want_bad = here.matrix(smiles)
+        with pytest.raises(RowsRejected) as rejected:
+            pooled(smiles)
+        got, got_bad = pooled._in_processes(smiles)
+    finally:
+        pooled.close()
+    assert pooled._pool is None  # closed: its processes are gone
+    assert sorted(rejected.value.errors) == sorted(want_bad) == [*BAD, POOL_CHUNK + 5]
+    assert all(isinstance(e, MoleculeError) for e in rejected.value.errors.values())
+    assert got_bad == want_bad and got.shape == want.shape == (n, len(here.names))
+    assert np.array_equal(got, want)

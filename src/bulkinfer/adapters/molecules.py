@@ -12,6 +12,7 @@ checked against the featuriser's before any row runs.
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError
 from ..core.tensors import tensor_column
-from .protocol import Adapter, RowsRejected, Wrapped
+from .protocol import Adapter, RowsRejected, SetupContext, Wrapped
 
 __all__ = ["Featurized", "Featurizer", "MoleculeError", "featurizer"]
 
@@ -29,26 +30,80 @@ class MoleculeError(ValueError):
     """A row's SMILES that RDKit cannot parse."""
 
 
-class Featurizer:
-    """SMILES to one feature matrix; ``names``: the features, in the model's order."""
+POOL_CHUNK = 2048
+"""SMILES per task of the featuriser's processes (4 MB of Morgan bits back per task)."""
 
-    def __init__(self, names: Sequence[str], one: Callable[[Any], np.ndarray], dtype: type) -> None:
-        self.names, self._one, self._dtype = list(names), one, dtype
+
+class Featurizer:
+    """SMILES to one feature matrix; ``names``: the features, in the model's order. ``spec``
+    (what :func:`featurizer` was given) lets worker processes make the same featuriser."""
+
+    def __init__(
+        self, names: Sequence[str], one: Callable[[Any], np.ndarray], dtype: type, spec: tuple[Any, ...] = ()
+    ) -> None:
+        self.names, self._one, self._dtype, self.spec = list(names), one, dtype, spec
+        self._processes = 1
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def use_processes(self, n: int) -> None:
+        """Featurise calls of many SMILES in ``n`` processes: RDKit holds the interpreter while it
+        parses, so threads would take turns; the processes start at the first such call."""
+        self._processes = n if self.spec else 1
 
     def __call__(self, smiles: Sequence[str | None]) -> np.ndarray:
+        if self._processes > 1 and len(smiles) >= 2 * POOL_CHUNK:
+            out, bad = self._in_processes(smiles)
+        else:
+            out, bad = self.matrix(smiles)
+        if bad:
+            raise RowsRejected({i: MoleculeError(message) for i, message in bad.items()})
+        return out
+
+    def matrix(self, smiles: Sequence[str | None]) -> tuple[np.ndarray, dict[int, str]]:
+        """The features of each SMILES here, and why each one that cannot be parsed was not."""
         from rdkit import Chem
 
         out: np.ndarray = np.zeros((len(smiles), len(self.names)), self._dtype)
-        bad: dict[int, Exception] = {}
+        bad: dict[int, str] = {}
         for i, text in enumerate(smiles):
             mol = Chem.MolFromSmiles(text) if text else None
             if mol is None:
-                bad[i] = MoleculeError(f"SMILES {text!r} cannot be parsed by RDKit" if text else "no SMILES")
+                bad[i] = f"SMILES {text!r} cannot be parsed by RDKit" if text else "no SMILES"
                 continue
             out[i] = self._one(mol)
-        if bad:
-            raise RowsRejected(bad)
-        return out
+        return out, bad
+
+    def _in_processes(self, smiles: Sequence[str | None]) -> tuple[np.ndarray, dict[int, str]]:
+        with self._lock:
+            if self._pool is None:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+
+                # spawned: a clean interpreter, no threads or locks inherited from the job's
+                self._pool = ProcessPoolExecutor(self._processes, mp_context=mp.get_context("spawn"))
+        starts = range(0, len(smiles), POOL_CHUNK)
+        chunks = [list(smiles[at : at + POOL_CHUNK]) for at in starts]
+        done = list(self._pool.map(_featurize_chunk, [self.spec] * len(chunks), chunks))
+        bad = {at + i: message for at, (_m, b) in zip(starts, done, strict=True) for i, message in b.items()}
+        return np.concatenate([m for m, _b in done]), bad
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+_MADE: dict[tuple[Any, ...], Featurizer] = {}
+"""A worker process's featurisers, made at its first task."""
+
+
+def _featurize_chunk(spec: tuple[Any, ...], smiles: list[str | None]) -> tuple[np.ndarray, dict[int, str]]:
+    """One task of the featuriser's processes (module level: what a spawned process can import)."""
+    made = _MADE.get(spec)
+    if made is None:
+        made = _MADE[spec] = featurizer(*spec)
+    return made.matrix(smiles)
 
 
 def _rdkit() -> None:
@@ -66,7 +121,8 @@ def featurizer(kind: str, radius: int, bits: int, names: Sequence[str]) -> Featu
         from rdkit.Chem import rdFingerprintGenerator
 
         generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=bits)
-        return Featurizer([f"morgan_{i}" for i in range(bits)], generator.GetFingerprintAsNumPy, np.uint8)
+        spec = (kind, radius, bits, tuple(names))
+        return Featurizer([f"morgan_{i}" for i in range(bits)], generator.GetFingerprintAsNumPy, np.uint8, spec)
     from rdkit.Chem import Descriptors
 
     known = dict(Descriptors._descList)
@@ -77,7 +133,8 @@ def featurizer(kind: str, radius: int, bits: int, names: Sequence[str]) -> Featu
             raise ConfigError(f"model.feature_columns: {name!r} is not an RDKit descriptor{hint}")
     chosen = list(names) or list(known)
     functions = [known[n] for n in chosen]
-    return Featurizer(chosen, lambda mol: np.array([f(mol) for f in functions], np.float64), np.float64)
+    one = lambda mol: np.array([f(mol) for f in functions], np.float64)  # noqa: E731
+    return Featurizer(chosen, one, np.float64, (kind, radius, bits, tuple(names)))
 
 
 class Featurized(Wrapped):
@@ -96,8 +153,17 @@ class Featurized(Wrapped):
         self.batch_size_hint = min(inner.batch_size_hint or 4096, max(64, (64 << 20) // (8 * len(features.names))))
         self.window_rows = 4 * self.batch_size_hint
 
+    def setup(self, ctx: SetupContext) -> None:
+        self.inner.setup(ctx)
+        if ctx.threads > 1 and not ctx.online:  # a job's large windows: the parsing spread over processes
+            self.features.use_processes(ctx.threads)
+
     def preprocess(self, table: pa.Table) -> np.ndarray:
         return self.features(table.column(self.column).to_pylist())
+
+    def close(self) -> None:
+        self.features.close()
+        self.inner.close()
 
     def predict(self, batch: np.ndarray) -> Any:
         if self.matrix_column is None:
