@@ -138,6 +138,22 @@ def test_each_row_gets_its_features_as_of_its_time_and_the_predictions_reach_the
     assert rows == keys == N  # one value per entity, however often a part was pushed
 
 
+def test_the_predictions_reach_a_redis_online_store_once_across_a_sigkill(shop, redis_server):
+    import uuid
+
+    project = f"shop_{uuid.uuid4().hex[:8]}"  # the session's redis-server is shared: a project of its own
+    store = STORE.replace("project: shop", f"project: {project}").replace(
+        "  type: sqlite\n  path: data/online.db", f"  type: redis\n  connection_string: 127.0.0.1:{redis_server.port},db=0"
+    )
+    (shop / "repo" / "feature_store.yaml").write_text(store)
+    apply_repo(shop / "repo")
+    crash_then_rerun(shop, "export-feast-pushed:2")
+    assert online_scores(shop / "repo") == pytest.approx(expected_scores())
+    client = redis_server.client()
+    keys = [k for k in client.scan_iter(count=1000) if project.encode() in k]
+    assert len(keys) == N  # Feast's Redis store: one hash per entity, the predictions in it once
+
+
 def test_serve_reads_the_same_features_online_and_skew_names_a_feature_changed_there(shop):
     import json
 
