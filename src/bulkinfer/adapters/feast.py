@@ -14,19 +14,21 @@ from .protocol import Adapter, Wrapped
 __all__ = ["FeastFed"]
 
 WINDOW_ROWS = 16_384
-"""Rows per Feast call: the file offline store reads its sources once a call, so calls are few and
-large; a shard of 10,000 rows is one call."""
+"""Rows per Feast call at least: Feast's file offline store reads its sources whole at every call,
+so calls are few and large (a shard is one call: see ``shard_rows``)."""
 
 
 class FeastFed(Wrapped):
     """``inner`` (a model over feature columns) fed each row's features as ``reader`` finds them
     for the rows' ``columns`` (the entity key and event time; online, the key alone)."""
 
-    def __init__(self, inner: Adapter, reader: Callable[[pa.Table], pa.Table], columns: Sequence[str]) -> None:
+    def __init__(
+        self, inner: Adapter, reader: Callable[[pa.Table], pa.Table], columns: Sequence[str], shard_rows: int = 0
+    ) -> None:
         super().__init__(inner)
         self.reader = reader
         self.input_columns = tuple(columns)
-        self.window_rows = max(inner.window_rows or 0, WINDOW_ROWS)
+        self.window_rows = max(inner.window_rows or 0, WINDOW_ROWS, shard_rows)  # a shard's rows in one call
 
     def preprocess(self, table: pa.Table) -> Any:
         return self.inner.preprocess(self.reader(table))

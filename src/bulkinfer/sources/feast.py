@@ -125,9 +125,12 @@ class HistoricalFeatures(_Reader):
 
     def __call__(self, table: pa.Table) -> pa.Table:
         import pandas as pd
+        import pytz
 
         assert self.checked is not None, "setup() first"
-        times = pd.to_datetime(table.column(self.timestamp).to_pandas(), utc=True)
+        # UTC as pytz names it: Feast's file store compares the zone with pytz.UTC and, for any other
+        # (datetime.timezone.utc included), fixes every row's zone in Python (a third of a call's time)
+        times = pd.to_datetime(table.column(self.timestamp).to_pandas(), utc=True).dt.tz_convert(pytz.UTC)
         entities = pd.DataFrame(
             {self.key: table.column(self.key).to_pandas(), "event_timestamp": times, POSITION: np.arange(len(times))}
         )
