@@ -212,6 +212,7 @@ _IDENTITY_UNLESS_DEFAULT: dict[str, tuple[Any, ...]] = {
     "source.kind": ("files",),
     "source.feast_repo": ("",),
     "source.features": ([],),
+    "source.feature_service": ("",),
     "source.timestamp_column": ("event_timestamp",),
 }
 """Settings in a job's identity only when set away from their defaults, so that the identity
@@ -306,7 +307,8 @@ def _make_plan(
     identity = scrub(job_identity(cfg))  # a password changed between a crash and its resume changes nothing written
     if cfg.source.kind == "feast":  # a changed feature view is another job
         src = cfg.source
-        identity["source.feast_definitions"] = definitions_digest(src.feast_repo, src.features, src.id_column or "")
+        digest = definitions_digest(src.feast_repo, src.features, src.id_column or "", src.feature_service)
+        identity["source.feast_definitions"] = digest
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),
         identity=identity,

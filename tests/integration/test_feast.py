@@ -26,7 +26,7 @@ T1 = T0 + dt.timedelta(days=10)  # the second values
 DEFINITIONS = """
 from datetime import timedelta
 
-from feast import Entity, FeatureView, Field, FileSource, PushSource
+from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource
 from feast.types import Float64
 
 user = Entity(name="user", join_keys=["user_id"])
@@ -44,6 +44,7 @@ predictions = FeatureView(
     name="predictions", entities=[user], ttl=timedelta(days=365),
     schema=[Field(name="score", dtype=Float64)], source=predictions_push,
 )
+churn = FeatureService(name="churn", features=[stats])
 """
 
 STORE = """project: shop
@@ -196,6 +197,34 @@ def pd_frame(users: list[int]):
     values = feature_values(u, True)
     values["clicks_7d"] = values["clicks_7d"] + 5
     return pd.DataFrame({"user_id": u, "event_timestamp": [T1 + dt.timedelta(hours=1)] * len(u), **values})
+
+
+def test_a_feature_service_names_the_features_instead_of_refs(shop):
+    service = ["--set", "source.features=[]", "--set", 'source.feature_service="churn"']
+    cli("run", "job.toml", "--progress", "none", *service, cwd=shop, check=True)
+    out = read_output(shop / "out")
+    got = dict(zip(out.column("user_id").to_pylist(), out.column("score").to_pylist(), strict=True))
+    assert got == pytest.approx(expected_scores())
+    both = cli("run", "job.toml", "--progress", "none", "--set", 'source.feature_service="churn"', "-o", "o2", cwd=shop)
+    assert both.returncode == 1 and both.stderr.strip().splitlines()[-1].endswith(
+        "source.feature_service: set it or source.features, not both"
+    )
+    unknown = cli("run", "job.toml", "--progress", "none", *service[:2], "--set", 'source.feature_service="chrun"',
+                  "-o", "o3", cwd=shop)  # fmt: skip
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().splitlines()[-1].endswith("Feast has no feature service 'chrun' (churn)")
+
+
+def test_a_feast_job_on_ray_reads_the_same_features_in_its_workers(shop):
+    """Ray's workers build their own readers from the job (the repo's path resolved where the driver
+    ran): the scores equal the point-in-time ones, each entity once."""
+    proc = cli("run", "job.toml", "--progress", "none", "--set", "execution.backend='ray'",
+               "--set", "execution.workers=2", cwd=shop)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = read_output(shop / "out")
+    users = out.column("user_id").to_pylist()
+    assert len(users) == len(set(users)) == N
+    assert dict(zip(users, out.column("score").to_pylist(), strict=True)) == pytest.approx(expected_scores())
 
 
 def test_a_changed_feature_view_is_another_job(shop):

@@ -201,13 +201,15 @@ def _feast_fed(cfg: JobConfig, model: ResolvedModel, online: bool) -> Adapter:
         raise ConfigError("source.previous: a Feast source's rows are keys and times, not features; run it whole")
     reader: HistoricalFeatures | OnlineFeatures
     if online:
-        reader = OnlineFeatures(src.feast_repo, src.features, src.id_column)
+        reader = OnlineFeatures(src.feast_repo, src.features, src.id_column, src.feature_service)
     else:
-        reader = HistoricalFeatures(src.feast_repo, src.features, src.id_column, src.timestamp_column)
+        reader = HistoricalFeatures(
+            src.feast_repo, src.features, src.id_column, src.timestamp_column, src.feature_service
+        )
     names = reader.setup()
     unknown = [c for c in cfg.model.feature_columns if c not in names]
     if unknown:
-        raise ConfigError(f"model.feature_columns: {unknown[0]!r} is not one of source.features ({', '.join(names)})")
+        raise ConfigError(f"model.feature_columns: {unknown[0]!r} is not a Feast feature read ({', '.join(names)})")
     if not cfg.model.feature_columns:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"feature_columns": names})})
     columns = (src.id_column,) if online else (src.id_column, src.timestamp_column)

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError
 from ..core.tensors import tensor_column
+from ..core.threads import processes
 from .protocol import Adapter, RowsRejected, SetupContext, Wrapped
 
 __all__ = ["Featurized", "Featurizer", "MoleculeError", "featurizer"]
@@ -78,11 +79,7 @@ class Featurizer:
     def _in_processes(self, smiles: Sequence[str | None]) -> tuple[np.ndarray, dict[int, str]]:
         with self._lock:
             if self._pool is None:
-                import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor
-
-                # spawned: a clean interpreter, no threads or locks inherited from the job's
-                self._pool = ProcessPoolExecutor(self._processes, mp_context=mp.get_context("spawn"))
+                self._pool = processes(self._processes)
         starts = range(0, len(smiles), POOL_CHUNK)
         chunks = [list(smiles[at : at + POOL_CHUNK]) for at in starts]
         done = list(self._pool.map(_featurize_chunk, [self.spec] * len(chunks), chunks))

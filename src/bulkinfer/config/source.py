@@ -111,6 +111,8 @@ class SourceConfig(Section):
     """kind = "feast": the Feast repo's folder (its feature_store.yaml), applied (feast apply)."""
     features: list[str] = Field(default_factory=list)
     """kind = "feast": the feature refs read for each row ("view:feature"), in the model's feature order."""
+    feature_service: str = ""
+    """kind = "feast": a Feast feature service whose features are read, instead of source.features."""
     timestamp_column: str = "event_timestamp"
     """kind = "feast": the entity table's column of event times; each row's features are those as of it."""
 

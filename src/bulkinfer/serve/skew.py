@@ -60,7 +60,7 @@ def measure_skew(out: str, sample: int = 100, tolerance: float = 1e-9) -> Skew:
     try:
         now = pa.array([dt.datetime.now(dt.UTC)] * len(ids), pa.timestamp("us", "UTC"))
         offline = adapter.reader(pa.table({src.id_column: ids, src.timestamp_column: now}))
-        online_reader = OnlineFeatures(src.feast_repo, src.features, src.id_column)
+        online_reader = OnlineFeatures(src.feast_repo, src.features, src.id_column, src.feature_service)
         online_reader.setup()
         online = online_reader(pa.table({src.id_column: ids}))
         size = settled.cfg.runtime.batch_size

@@ -22,7 +22,14 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError
 
-__all__ = ["FeatureRefs", "HistoricalFeatures", "OnlineFeatures", "definitions_digest", "open_store"]
+__all__ = [
+    "FeatureRefs",
+    "HistoricalFeatures",
+    "OnlineFeatures",
+    "definitions_digest",
+    "open_store",
+    "service_refs",
+]
 
 POSITION = "__bulkinfer_position"
 """The entity frame's column that puts Feast's answer (in its own order) back in the rows' order."""
@@ -50,9 +57,15 @@ def open_store(repo: str, where: str = "source.feast_repo") -> Any:
 class FeatureRefs:
     """Feature refs (``view:feature``) checked against a store's registry, with the entity key."""
 
-    def __init__(self, store: Any, refs: Sequence[str], key: str, where: str = "source.features") -> None:
+    def __init__(
+        self, store: Any, refs: Sequence[str], key: str, where: str = "source.features", service: str = ""
+    ) -> None:
+        if refs and service:
+            raise ConfigError("source.feature_service: set it or source.features, not both")
+        if service:
+            refs, where = service_refs(store, service), f"source.feature_service ({service})"
         if not refs:
-            raise ConfigError(f"{where}: name the features (['user_stats:clicks_7d', ...])")
+            raise ConfigError(f"{where}: name the features (['user_stats:clicks_7d', ...]) or a feature service")
         self.refs, self.key = list(refs), key
         self.views: dict[str, Any] = {}
         self.names: list[str] = []
@@ -89,10 +102,24 @@ class FeatureRefs:
         return name
 
 
-def definitions_digest(repo: str, refs: Sequence[str], key: str) -> str:
-    """A digest of the definitions of the feature views ``refs`` read (their specs as the registry
-    holds them): a changed definition changes the job's fingerprint."""
-    checked = FeatureRefs(open_store(repo), refs, key)
+def service_refs(store: Any, name: str) -> list[str]:
+    """The refs of the features a feature service names (each view by its own name, not an alias)."""
+    from feast.errors import FeatureServiceNotFoundException
+
+    try:
+        service = store.get_feature_service(name)
+    except FeatureServiceNotFoundException:
+        known = sorted(s.name for s in store.list_feature_services())
+        raise ConfigError(
+            f"source.feature_service: Feast has no feature service {name!r} ({', '.join(known)})"
+        ) from None
+    return [f"{view.name}:{f.name}" for view in service.feature_view_projections for f in view.features]
+
+
+def definitions_digest(repo: str, refs: Sequence[str], key: str, service: str = "") -> str:
+    """A digest of the definitions of the feature views ``refs`` (or ``service``) read (their specs
+    as the registry holds them): a changed definition changes the job's fingerprint."""
+    checked = FeatureRefs(open_store(repo), refs, key, service=service)
     h = hashlib.sha256()
     for name in sorted(checked.views):
         h.update(name.encode())
@@ -103,23 +130,24 @@ def definitions_digest(repo: str, refs: Sequence[str], key: str) -> str:
 class _Reader:
     """Features of entity rows from one repo's store: ``setup`` opens it and checks the refs."""
 
-    def __init__(self, repo: str, refs: Sequence[str], key: str) -> None:
-        self.repo, self.refs, self.key = repo, list(refs), key
+    def __init__(self, repo: str, refs: Sequence[str], key: str, service: str = "") -> None:
+        self.repo, self.refs, self.key, self.service = repo, list(refs), key, service
         self.store: Any = None
         self.checked: FeatureRefs | None = None
 
     def setup(self) -> list[str]:
-        """Open the store and check the refs; the features' names, in the refs' order."""
+        """Open the store and check the refs (a service's, resolved); the features' names, in order."""
         self.store = open_store(self.repo)
-        self.checked = FeatureRefs(self.store, self.refs, self.key)
+        self.checked = FeatureRefs(self.store, self.refs, self.key, service=self.service)
+        self.refs = self.checked.refs
         return self.checked.names
 
 
 class HistoricalFeatures(_Reader):
     """Point-in-time features of entity rows (key, event time), in the rows' order, as Arrow columns."""
 
-    def __init__(self, repo: str, refs: Sequence[str], key: str, timestamp: str) -> None:
-        super().__init__(repo, refs, key)
+    def __init__(self, repo: str, refs: Sequence[str], key: str, timestamp: str, service: str = "") -> None:
+        super().__init__(repo, refs, key, service)
         self.timestamp = timestamp
         self._lock = threading.Lock()  # one Feast call at a time: its store is not documented thread-safe
 
