@@ -161,12 +161,14 @@ def test_serve_reads_the_same_features_online_and_skew_names_a_feature_changed_t
     import httpx
     from feast import FeatureStore
 
+    with (shop / "job.toml").open("a") as job:  # in the job file: skew must still read offline as of now
+        job.write("[serve]\nfeatures = true\n")
     cli("run", "job.toml", "--progress", "none", cwd=shop, check=True)
     store = FeatureStore(repo_path=str(shop / "repo"))
     store.materialize(T0 - dt.timedelta(days=1), T1 + dt.timedelta(days=1))  # the latest values online: T1's
     out = read_output(shop / "out")
     batch = dict(zip(out.column("user_id").to_pylist(), out.column("score").to_pylist(), strict=True))
-    server = Server(["job.toml", "--set", "serve.features=true"], shop)
+    server = Server(["job.toml"], shop)
     try:  # the even users asked after T1: the batch job read T1's values, as the online store has them
         answer = httpx.post(f"{server.url}/v1/predict?features=true", json={"rows": [{"user_id": 2}, {"user_id": 4}]})
     finally:

@@ -53,7 +53,8 @@ def measure_skew(out: str, sample: int = 100, tolerance: float = 1e-9) -> Skew:
     ids = lowest_ids(parts, src.id_column, sample)
     if ids is None:
         raise ConfigError(f"{out}: the output has no rows to check")
-    settled = settle(cfg, online=True)
+    offline_cfg = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"features": False})})
+    settled = settle(offline_cfg, online=True)  # the job's own reader (point in time), whatever serve says
     adapter = settled.adapter
     assert isinstance(adapter, FeastFed)
     adapter.setup(job_setup_context(settled.cfg, online=True))
