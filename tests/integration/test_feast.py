@@ -217,10 +217,11 @@ def test_a_feature_service_names_the_features_instead_of_refs(shop):
     assert unknown.stderr.strip().splitlines()[-1].endswith("Feast has no feature service 'chrun' (churn)")
 
 
-def test_a_feast_job_on_ray_reads_the_same_features_in_its_workers(shop):
-    """Ray's workers build their own readers from the job (the repo's path resolved where the driver
-    ran): the scores equal the point-in-time ones, each entity once."""
-    proc = cli("run", "job.toml", "--progress", "none", "--set", "execution.backend='ray'",
+@pytest.mark.parametrize("backend", ["ray", "spark"])
+def test_a_feast_job_on_a_cluster_reads_the_same_features_in_its_workers(shop, backend):
+    """Ray's and Spark's workers build their own readers from the job (the repo's path resolved
+    where the driver ran): the scores equal the point-in-time ones, each entity once."""
+    proc = cli("run", "job.toml", "--progress", "none", "--set", f"execution.backend='{backend}'",
                "--set", "execution.workers=2", cwd=shop)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = read_output(shop / "out")
