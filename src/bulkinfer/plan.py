@@ -34,7 +34,6 @@ from .sources import (
     settle_types,
 )
 from .sources.encoding import LINE_FORMATS
-from .sources.feast import definitions_digest
 from .sources.parquet import forget_footers
 
 if TYPE_CHECKING:
@@ -305,10 +304,7 @@ def _make_plan(
             inputs[0].uri,
         )
     identity = scrub(job_identity(cfg))  # a password changed between a crash and its resume changes nothing written
-    if cfg.source.kind == "feast":  # a changed feature view is another job
-        src = cfg.source
-        digest = definitions_digest(src.feast_repo, src.features, src.id_column or "", src.feature_service)
-        identity["source.feast_definitions"] = digest
+    identity.update(adapter.identity)  # what the adapter read elsewhere (a Feast view's definitions)
     draft = JobPlan(
         fingerprint=_fingerprint(identity, model.digest, inputs),
         identity=identity,

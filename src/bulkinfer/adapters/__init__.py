@@ -213,7 +213,7 @@ def _feast_fed(cfg: JobConfig, model: ResolvedModel, online: bool) -> Adapter:
     if not cfg.model.feature_columns:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"feature_columns": names})})
     columns = (src.id_column,) if online else (src.id_column, src.timestamp_column)
-    return FeastFed(_model_adapter(cfg, model), reader, columns, src.shard_rows)
+    return FeastFed(_model_adapter(cfg, model), reader, columns, src.shard_rows, reader.digest())
 
 
 def _model_adapter(cfg: JobConfig, model: ResolvedModel) -> Adapter:

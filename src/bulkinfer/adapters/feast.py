@@ -20,14 +20,21 @@ so calls are few and large (a shard is one call: see ``shard_rows``)."""
 
 class FeastFed(Wrapped):
     """``inner`` (a model over feature columns) fed each row's features as ``reader`` finds them
-    for the rows' ``columns`` (the entity key and event time; online, the key alone)."""
+    for the rows' ``columns`` (the entity key and event time; online, the key alone); ``definitions``:
+    the digest of the feature views read."""
 
     def __init__(
-        self, inner: Adapter, reader: Callable[[pa.Table], pa.Table], columns: Sequence[str], shard_rows: int = 0
+        self,
+        inner: Adapter,
+        reader: Callable[[pa.Table], pa.Table],
+        columns: Sequence[str],
+        shard_rows: int,
+        definitions: str,
     ) -> None:
         super().__init__(inner)
         self.reader = reader
         self.input_columns = tuple(columns)
+        self.identity = {"source.feast_definitions": definitions}  # a changed feature view is another job
         self.window_rows = max(inner.window_rows or 0, WINDOW_ROWS, shard_rows)  # a shard's rows in one call
 
     def preprocess(self, table: pa.Table) -> Any:

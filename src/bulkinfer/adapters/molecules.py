@@ -4,10 +4,9 @@ The featuriser runs in ``preprocess`` (so beside inference, never in the model's
 large windows in spawned processes, see :meth:`Featurizer.use_processes`): RDKit parses each
 SMILES, then either Morgan bits (``morgan``: one ``GetFingerprintAsNumPy`` per molecule into a
 preallocated ``uint8`` matrix) or the named RDKit descriptors (``descriptors``) make one float
-matrix for the model. A SMILES RDKit cannot parse
-is rejected alone (an error row naming it); the others run. The model is a joblib estimator
-(scikit-learn, LightGBM...) or an ``.onnx`` graph with one 2-D input; its feature count is
-checked against the featuriser's before any row runs.
+matrix for the model. A SMILES RDKit cannot parse is rejected alone (an error row naming it); the
+others run. The model is a joblib estimator (scikit-learn, LightGBM...) or an ``.onnx`` graph with
+one 2-D input; its feature count is checked against the featuriser's before any row runs.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,10 @@ class Adapter:
     #: The input column holding each row's picture (its bytes or path) where the adapter decodes
     #: pictures: online, a request then sends them as an upload or base64; None: no pictures.
     picture_column: str | None = None
+    #: What the adapter read from outside the job's settings and the model's file that changes its
+    #: answers (a Feast feature view's definitions, digested): part of the job's identity, so a
+    #: change there is another job. Empty: nothing.
+    identity: Mapping[str, str] = MappingProxyType({})
 
     def setup(self, ctx: SetupContext) -> None:
         """Load the model. Called once per worker before any batch."""
@@ -132,6 +137,7 @@ class Wrapped(Adapter):
         self.input_columns = inner.input_columns
         self.batch_size_hint, self.window_rows = inner.batch_size_hint, inner.window_rows
         self.output_columns, self.picture_column = inner.output_columns, inner.picture_column
+        self.identity = inner.identity
 
     def setup(self, ctx: SetupContext) -> None:
         self.inner.setup(ctx)

@@ -137,10 +137,11 @@ def vector_layout(
 
 
 def id_setting(plan: JobPlan, where: str) -> str:
-    """The id column a vector database keys its rows by: ``source.id_column``, required."""
+    """The id column a keyed target (a vector database, a feature store) keys its rows by:
+    ``source.id_column``, required."""
     id_column = plan.config.get("source", {}).get("id_column")
     if not id_column:
-        raise ConfigError(f"{where}: a vector database keys rows by id; set source.id_column")
+        raise ConfigError(f"{where}: this target keys rows by id; set source.id_column")
     return str(id_column)
 
 

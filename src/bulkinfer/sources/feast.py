@@ -5,7 +5,8 @@ its rows gets its point-in-time features from the team's feature store
 
 Everything that touches Feast is here: opening the repo, checking the feature refs against its
 registry before any row runs, the digest of the feature views' definitions (part of the job's
-fingerprint: a changed definition is a new job), and the two readers. Feast is imported here only.
+fingerprint: a changed definition is a new job, :meth:`FeatureRefs.digest`), and the two readers.
+Feast is imported here only.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ __all__ = [
     "FeatureRefs",
     "HistoricalFeatures",
     "OnlineFeatures",
-    "definitions_digest",
     "open_store",
     "service_refs",
 ]
@@ -75,6 +75,15 @@ class FeatureRefs:
         if repeated:
             raise ConfigError(f"{where}: two views give a feature named {repeated[0]!r}; keep one of them")
 
+    def digest(self) -> str:
+        """A digest of the definitions of the feature views read (their specs as the registry holds
+        them): part of the job's identity, so a changed definition is another job."""
+        h = hashlib.sha256()
+        for name in sorted(self.views):
+            h.update(name.encode())
+            h.update(self.views[name].to_proto().spec.SerializeToString(deterministic=True))
+        return h.hexdigest()[:16]
+
     def _check(self, store: Any, ref: str, where: str) -> str:
         from feast.errors import FeatureViewNotFoundException
 
@@ -116,17 +125,6 @@ def service_refs(store: Any, name: str) -> list[str]:
     return [f"{view.name}:{f.name}" for view in service.feature_view_projections for f in view.features]
 
 
-def definitions_digest(repo: str, refs: Sequence[str], key: str, service: str = "") -> str:
-    """A digest of the definitions of the feature views ``refs`` (or ``service``) read (their specs
-    as the registry holds them): a changed definition changes the job's fingerprint."""
-    checked = FeatureRefs(open_store(repo), refs, key, service=service)
-    h = hashlib.sha256()
-    for name in sorted(checked.views):
-        h.update(name.encode())
-        h.update(checked.views[name].to_proto().spec.SerializeToString(deterministic=True))
-    return h.hexdigest()[:16]
-
-
 class _Reader:
     """Features of entity rows from one repo's store: ``setup`` opens it and checks the refs."""
 
@@ -141,6 +139,11 @@ class _Reader:
         self.checked = FeatureRefs(self.store, self.refs, self.key, service=self.service)
         self.refs = self.checked.refs
         return self.checked.names
+
+    def digest(self) -> str:
+        """The digest of the definitions of the views read (:meth:`FeatureRefs.digest`), once set up."""
+        assert self.checked is not None, "setup() first"
+        return self.checked.digest()
 
 
 class HistoricalFeatures(_Reader):
